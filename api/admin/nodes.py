@@ -1,0 +1,152 @@
+"""Node listing, detail and metadata changes."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api import audit, outbox
+from api.admin.views import node_detail, node_summary
+from api.errors import Conflict, NotFound
+from api.liveness import LivenessThresholds, liveness_expression
+from schemas.admin import Liveness, NodeDetail, NodePatch, NodeSummary
+from schemas.errors import ErrorCode
+from schemas.events import EventType, NodeEnablementChanged, NodeUpdated
+from store.models import Gpu, Node, NodeCredential, NodeStream
+
+
+async def lock_node(session: AsyncSession, node_id: uuid.UUID) -> Node:
+    node = await session.get(Node, node_id, with_for_update=True)
+    if node is None:
+        raise NotFound(f"node {node_id} does not exist")
+    return node
+
+
+def require_not_terminal(node: Node) -> None:
+    if node.decommissioned_at is not None:
+        raise Conflict(
+            "the node was decommissioned; it can no longer be changed",
+            code=ErrorCode.NODE_TERMINAL,
+        )
+
+
+def parse_label_filters(raw: list[str]) -> dict[str, str | None]:
+    """``key=value`` matches a value; a bare ``key`` matches presence."""
+    filters: dict[str, str | None] = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        filters[key] = value if sep else None
+    return filters
+
+
+async def list_nodes(
+    session: AsyncSession,
+    thresholds: LivenessThresholds,
+    *,
+    liveness: list[Liveness],
+    labels: dict[str, str | None],
+    limit: int,
+    offset: int,
+) -> list[NodeSummary]:
+    live = liveness_expression(thresholds).label("liveness")
+    query = select(Node, live).order_by(Node.enrolled_at, Node.id).limit(limit).offset(offset)
+    if liveness:
+        query = query.where(live.in_([state.value for state in liveness]))
+    for key, value in labels.items():
+        if value is None:
+            query = query.where(Node.labels.has_key(key))
+        else:
+            query = query.where(Node.labels.contains({key: value}))
+    rows = (await session.execute(query)).all()
+    return [node_summary(node, state) for node, state in rows]
+
+
+async def get_node(
+    session: AsyncSession, thresholds: LivenessThresholds, node_id: uuid.UUID
+) -> NodeDetail:
+    row = (
+        await session.execute(
+            select(Node, liveness_expression(thresholds)).where(Node.id == node_id)
+        )
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"node {node_id} does not exist")
+    streams = {
+        stream.stream: stream
+        for stream in (
+            await session.execute(select(NodeStream).where(NodeStream.node_id == node_id))
+        ).scalars()
+    }
+    gpus = list(
+        (
+            await session.execute(
+                select(Gpu).where(Gpu.node_id == node_id).order_by(Gpu.index, Gpu.uuid)
+            )
+        ).scalars()
+    )
+    active = (
+        await session.execute(
+            select(
+                exists().where(
+                    NodeCredential.node_id == node_id, NodeCredential.revoked_at.is_(None)
+                )
+            )
+        )
+    ).scalar_one()
+    node, liveness = row.tuple()
+    return node_detail(node, liveness, streams, gpus, active)
+
+
+async def patch_node(
+    session: AsyncSession, thresholds: LivenessThresholds, node_id: uuid.UUID, patch: NodePatch
+) -> NodeDetail:
+    node = await lock_node(session, node_id)
+    require_not_terminal(node)
+    changes: dict[str, Any] = {}
+    if patch.display_name is not None and patch.display_name != node.display_name:
+        changes["display_name"] = [node.display_name, patch.display_name]
+        node.display_name = patch.display_name
+    if patch.labels is not None and dict(patch.labels) != node.labels:
+        changes["labels"] = [node.labels, dict(patch.labels)]
+        node.labels = dict(patch.labels)
+    enablement = patch.enabled is not None and patch.enabled != node.enabled
+    if changes:
+        audit.record(
+            session,
+            actor=audit.OPERATOR,
+            action="node.updated",
+            target_type="node",
+            target_id=node.id,
+            details={"changes": changes},
+        )
+        outbox.emit(
+            session,
+            EventType.NODE_UPDATED,
+            target_id=node.id,
+            node_id=node.id,
+            payload=NodeUpdated(node_id=node.id, changes=changes),
+        )
+    if enablement:
+        assert patch.enabled is not None
+        node.enabled = patch.enabled
+        kind = EventType.NODE_ENABLED if patch.enabled else EventType.NODE_DISABLED
+        audit.record(
+            session,
+            actor=audit.OPERATOR,
+            action=kind.value,
+            target_type="node",
+            target_id=node.id,
+        )
+        outbox.emit(
+            session,
+            kind,
+            target_id=node.id,
+            node_id=node.id,
+            payload=NodeEnablementChanged(node_id=node.id, enabled=patch.enabled),
+        )
+    if changes or enablement:
+        await session.flush()
+    return await get_node(session, thresholds, node_id)

@@ -1,0 +1,129 @@
+"""Administrative routes (`/api/v1/admin`). Every one requires the operator key."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, status
+
+from api.admin import audit_log, credentials, decommission, nodes, tokens
+from api.deps import AdminTransaction, State, require_operator
+from schemas.admin import (
+    AuditList,
+    AuditQuery,
+    CreateEnrollmentToken,
+    CredentialRevoked,
+    CredentialRotated,
+    DecommissionPreview,
+    DecommissionRequest,
+    DecommissionResult,
+    EnrollmentTokenCreated,
+    EnrollmentTokenInfo,
+    EnrollmentTokenList,
+    Liveness,
+    NodeDetail,
+    NodeList,
+    NodePatch,
+    TokenState,
+)
+from schemas.errors import ErrorBody
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)
+}
+
+# The router-level dependency makes fail-closed structural: a route added here
+# later cannot forget the operator check.
+router = APIRouter(
+    prefix="/api/v1/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_operator)],
+    responses=_ERRORS,
+)
+NODES = "/hardware/nodes"
+TOKENS = "/hardware/enrollment-tokens"
+
+
+@router.post(TOKENS, status_code=status.HTTP_201_CREATED)
+async def create_token(
+    body: CreateEnrollmentToken, session: AdminTransaction
+) -> EnrollmentTokenCreated:
+    return await tokens.create_token(session, body)
+
+
+@router.get(TOKENS)
+async def list_tokens(
+    session: AdminTransaction,
+    state: TokenState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> EnrollmentTokenList:
+    return EnrollmentTokenList(items=await tokens.list_tokens(session, state, limit))
+
+
+@router.post(TOKENS + "/{token_id}/revoke")
+async def revoke_token(token_id: uuid.UUID, session: AdminTransaction) -> EnrollmentTokenInfo:
+    return await tokens.revoke_token(session, token_id)
+
+
+@router.get(NODES)
+async def list_nodes(
+    session: AdminTransaction,
+    state: State,
+    liveness: Annotated[list[Liveness] | None, Query()] = None,
+    label: Annotated[list[str] | None, Query(description="key=value or key; repeatable")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> NodeList:
+    items = await nodes.list_nodes(
+        session,
+        state.thresholds,
+        liveness=liveness or [],
+        labels=nodes.parse_label_filters(label or []),
+        limit=limit,
+        offset=offset,
+    )
+    return NodeList(items=items)
+
+
+@router.get(NODES + "/{node_id}")
+async def get_node(node_id: uuid.UUID, session: AdminTransaction, state: State) -> NodeDetail:
+    return await nodes.get_node(session, state.thresholds, node_id)
+
+
+@router.patch(NODES + "/{node_id}")
+async def patch_node(
+    node_id: uuid.UUID, body: NodePatch, session: AdminTransaction, state: State
+) -> NodeDetail:
+    return await nodes.patch_node(session, state.thresholds, node_id, body)
+
+
+@router.post(NODES + "/{node_id}/credential/revoke")
+async def revoke_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRevoked:
+    return await credentials.revoke_credentials(session, node_id)
+
+
+@router.post(NODES + "/{node_id}/credential/rotate")
+async def rotate_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRotated:
+    return await credentials.rotate_credential(session, node_id)
+
+
+@router.get(NODES + "/{node_id}/decommission/preview")
+async def preview_decommission(
+    node_id: uuid.UUID, session: AdminTransaction, state: State
+) -> DecommissionPreview:
+    return await decommission.preview(session, state.thresholds, node_id)
+
+
+@router.post(NODES + "/{node_id}/decommission")
+async def decommission_node(
+    node_id: uuid.UUID, body: DecommissionRequest, session: AdminTransaction
+) -> DecommissionResult:
+    return await decommission.execute(session, node_id, body)
+
+
+@router.get("/audit")
+async def query_audit(
+    session: AdminTransaction, query: Annotated[AuditQuery, Query()]
+) -> AuditList:
+    return await audit_log.query_audit(session, query)

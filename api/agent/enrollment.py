@@ -1,0 +1,155 @@
+"""Enrollment: a one-time token becomes a node identity and its first credential."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api import audit, outbox, security
+from api.agent.protocol import require_supported
+from api.errors import Conflict, Unauthenticated
+from schemas.agent import EnrollRequest, EnrollResponse
+from schemas.errors import ErrorCode
+from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled
+from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
+
+STREAMS = ("inventory", "telemetry")
+
+
+async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToken, datetime]:
+    presented = security.parse(security.ENROLLMENT_TOKEN_PREFIX, wire)
+    if presented is None:
+        raise Unauthenticated(
+            "the value is not an enrollment token", code=ErrorCode.ENROLLMENT_TOKEN_INVALID
+        )
+    # The row lock is the single-use guarantee: concurrent enrolls with one token
+    # queue here, and every one after the first sees it used.
+    token = await session.get(EnrollmentToken, presented.id, with_for_update=True)
+    if token is None or not security.matches(presented.secret, token.digest):
+        raise Unauthenticated("unknown enrollment token", code=ErrorCode.ENROLLMENT_TOKEN_INVALID)
+    now = (await session.execute(select(func.statement_timestamp()))).scalar_one()
+    if token.revoked_at is not None:
+        raise Unauthenticated("enrollment token revoked", code=ErrorCode.ENROLLMENT_TOKEN_REVOKED)
+    if token.used_at is not None:
+        raise Unauthenticated("enrollment token already used", code=ErrorCode.ENROLLMENT_TOKEN_USED)
+    if token.expires_at is not None and token.expires_at <= now:
+        raise Unauthenticated("enrollment token expired", code=ErrorCode.ENROLLMENT_TOKEN_EXPIRED)
+    return token, now
+
+
+async def _rebind(
+    session: AsyncSession, token: EnrollmentToken, request: EnrollRequest, now: datetime
+) -> Node:
+    assert token.node_id is not None
+    if request.node_id is not None and request.node_id != token.node_id:
+        raise Conflict(
+            "this recovery token belongs to a different node identity",
+            code=ErrorCode.IDENTITY_CONFLICT,
+        )
+    node = await session.get(Node, token.node_id, with_for_update=True)
+    assert node is not None
+    if node.decommissioned_at is not None:
+        raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
+    revoked = (
+        (
+            await session.execute(
+                update(NodeCredential)
+                .where(NodeCredential.node_id == node.id, NodeCredential.revoked_at.is_(None))
+                .values(revoked_at=now, revoked_reason="re-enrolled")
+                .returning(NodeCredential.id)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    if revoked:
+        outbox.emit(
+            session,
+            EventType.NODE_CREDENTIAL_REVOKED,
+            target_id=node.id,
+            node_id=node.id,
+            payload=CredentialRevokedEvent(
+                node_id=node.id, credential_ids=list(revoked), reason="re-enrolled"
+            ),
+        )
+    node.hostname = request.hostname
+    node.agent_version = request.agent_version
+    node.protocol_version = request.protocol_version
+    node.capabilities = list(request.capabilities)
+    node.updated_at = now
+    return node
+
+
+async def _create(session: AsyncSession, token: EnrollmentToken, request: EnrollRequest) -> Node:
+    if request.node_id is not None:
+        # An ordinary token makes a new identity; adopting an existing one needs a
+        # recovery token issued for it.
+        raise Conflict(
+            "node_id given, but this token is not a recovery token for that node",
+            code=ErrorCode.IDENTITY_CONFLICT,
+        )
+    node = Node(
+        id=uuid.uuid4(),
+        hostname=request.hostname,
+        display_name=token.display_name,
+        labels=dict(token.labels),
+        protocol_version=request.protocol_version,
+        agent_version=request.agent_version,
+        capabilities=list(request.capabilities),
+    )
+    session.add(node)
+    await session.flush()
+    session.add_all(NodeStream(node_id=node.id, stream=stream) for stream in STREAMS)
+    return node
+
+
+async def enroll(
+    session: AsyncSession, request: EnrollRequest, *, heartbeat_interval_s: float
+) -> EnrollResponse:
+    # Before the token claim, so an incompatible agent does not burn its token.
+    require_supported(request.protocol_version)
+    token, now = await _claim_token(session, request.enrollment_token)
+    rebound = token.node_id is not None
+    node = await (
+        _rebind(session, token, request, now) if rebound else _create(session, token, request)
+    )
+    token.used_at = now
+    token.used_by_node_id = node.id
+    issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
+    session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
+    audit.record(
+        session,
+        actor=audit.node_actor(node.id),
+        action="node.enrolled",
+        target_type="node",
+        target_id=node.id,
+        details={"token_id": str(token.id), "hostname": request.hostname, "rebound": rebound},
+    )
+    outbox.emit(
+        session,
+        EventType.NODE_ENROLLED,
+        target_id=node.id,
+        node_id=node.id,
+        payload=NodeEnrolled(
+            node_id=node.id,
+            hostname=node.hostname,
+            agent_version=node.agent_version,
+            protocol_version=node.protocol_version,
+            capabilities=list(node.capabilities),
+            labels=dict(node.labels),
+            token_id=token.id,
+            credential_id=issued.id,
+            rebound=rebound,
+        ),
+    )
+    return EnrollResponse(
+        node_id=node.id,
+        credential_id=issued.id,
+        credential=issued.wire,
+        heartbeat_interval_s=heartbeat_interval_s,
+        server_time=now,
+        protocol_version=request.protocol_version,
+    )

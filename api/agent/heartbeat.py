@@ -1,0 +1,69 @@
+"""Heartbeat: the hottest path. One UPDATE; events and audit only when something changed."""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api import audit, outbox
+from api.agent.auth import AuthenticatedNode
+from api.agent.protocol import require_supported
+from schemas.agent import HeartbeatRequest, HeartbeatResponse
+from schemas.events import EventType, NodeAgentChanged
+from store.models import Node
+
+
+async def record_heartbeat(
+    session: AsyncSession,
+    node: AuthenticatedNode,
+    request: HeartbeatRequest,
+    *,
+    heartbeat_interval_s: float,
+) -> HeartbeatResponse:
+    node.require_owns(request.node_id)
+    require_supported(request.protocol_version)
+    capabilities = sorted(set(request.capabilities))
+    changed = (
+        request.agent_version != node.agent_version
+        or request.protocol_version != node.protocol_version
+        or capabilities != sorted(set(node.capabilities))
+    )
+    values: dict[str, object] = {"last_heartbeat_at": node.received_at}
+    if changed:
+        values |= {
+            "agent_version": request.agent_version,
+            "protocol_version": request.protocol_version,
+            "capabilities": capabilities,
+            "updated_at": node.received_at,
+        }
+    await session.execute(update(Node).where(Node.id == node.node_id).values(**values))
+    if changed:
+        change = NodeAgentChanged(
+            node_id=node.node_id,
+            agent_version=request.agent_version,
+            protocol_version=request.protocol_version,
+            capabilities=capabilities,
+            previous_agent_version=node.agent_version,
+            previous_capabilities=list(node.capabilities),
+        )
+        audit.record(
+            session,
+            actor=audit.node_actor(node.node_id),
+            action="node.agent.changed",
+            target_type="node",
+            target_id=node.node_id,
+            details=change.model_dump(mode="json", exclude={"node_id"}),
+        )
+        outbox.emit(
+            session,
+            EventType.NODE_AGENT_CHANGED,
+            target_id=node.node_id,
+            node_id=node.node_id,
+            payload=change,
+        )
+    return HeartbeatResponse(
+        node_id=node.node_id,
+        received_at=node.received_at,
+        heartbeat_interval_s=heartbeat_interval_s,
+        server_time=node.received_at,
+    )

@@ -1,0 +1,18 @@
+"""Protocol version negotiation: v1 only; capabilities are recorded for later additive use."""
+
+from __future__ import annotations
+
+from api.errors import Conflict
+from schemas.agent import PROTOCOL_VERSION
+from schemas.errors import ErrorCode
+
+SUPPORTED_PROTOCOL_VERSIONS = (PROTOCOL_VERSION,)
+
+
+def require_supported(protocol_version: int) -> None:
+    if protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
+        raise Conflict(
+            f"protocol_version {protocol_version} is not supported",
+            code=ErrorCode.PROTOCOL_VERSION_UNSUPPORTED,
+            extra={"supported": list(SUPPORTED_PROTOCOL_VERSIONS)},
+        )

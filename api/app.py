@@ -1,0 +1,55 @@
+"""The FastAPI application factory. Stateless: everything lives in PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.admin.routes import router as admin_router
+from api.agent.routes import router as agent_router
+from api.handlers import install_exception_handlers
+from api.health import router as health_router
+from api.middleware.body_limit import BodySizeLimitMiddleware
+from api.middleware.correlation import CorrelationIdMiddleware
+from api.settings import ApiSettings
+from api.state import ApiState
+from store.engine import make_engine, make_sessionmaker
+
+logger = logging.getLogger("modelforge.api")
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.admin_enabled:
+            logger.warning(
+                "ADMIN API DISABLED: MODELFORGE_OPERATOR_API_KEY is unset or empty; "
+                "every /api/v1/admin route will answer 403"
+            )
+        engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
+        app.state.modelforge = ApiState(
+            settings=settings, engine=engine, sessions=make_sessionmaker(engine)
+        )
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="ModelForge control plane",
+        version="1",
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    install_exception_handlers(app)
+    # Added last = outermost: the correlation id exists before the size check answers.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CorrelationIdMiddleware)
+    app.include_router(health_router)
+    app.include_router(agent_router)
+    app.include_router(admin_router)
+    return app

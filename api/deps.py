@@ -1,0 +1,74 @@
+"""Request dependencies: transactions, node authentication and the operator key.
+
+Transactions are ``scope="function"`` dependencies so they commit *before* the
+response is sent: a client never sees success for a change that did not commit.
+Authentication is a dependency so it runs before the body is validated: an
+unauthenticated caller gets 401, not a description of our schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api import security
+from api.agent.auth import AuthenticatedNode, authenticate_node
+from api.errors import Forbidden, Unauthenticated
+from api.state import ApiState, get_state
+from schemas.errors import ErrorCode
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+async def _transaction(state: State) -> AsyncIterator[AsyncSession]:
+    async with state.sessions() as session, session.begin():
+        yield session
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    session: AsyncSession
+    node: AuthenticatedNode
+    state: ApiState
+
+
+async def _node_transaction(
+    state: State, authorization: Annotated[str | None, Header()] = None
+) -> AsyncIterator[NodeRequest]:
+    async with state.sessions() as session, session.begin():
+        node = await authenticate_node(session, authorization)
+        yield NodeRequest(session=session, node=node, state=state)
+
+
+def require_operator(
+    state: State,
+    x_modelforge_admin_token: Annotated[str | None, Header()] = None,
+) -> None:
+    key = state.settings.operator_api_key
+    if key is None or not key.get_secret_value():
+        raise Forbidden(
+            "the admin API is disabled: MODELFORGE_OPERATOR_API_KEY is not set",
+            code=ErrorCode.ADMIN_API_DISABLED,
+        )
+    if not x_modelforge_admin_token:
+        raise Unauthenticated(
+            "X-ModelForge-Admin-Token is required", code=ErrorCode.ADMIN_TOKEN_MISSING
+        )
+    if not security.same_secret(x_modelforge_admin_token, key.get_secret_value()):
+        raise Unauthenticated("invalid operator key", code=ErrorCode.ADMIN_TOKEN_INVALID)
+
+
+async def _admin_transaction(
+    state: State, _: Annotated[None, Depends(require_operator)]
+) -> AsyncIterator[AsyncSession]:
+    async with state.sessions() as session, session.begin():
+        yield session
+
+
+Transaction = Annotated[AsyncSession, Depends(_transaction, scope="function")]
+NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="function")]
+AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]

@@ -1,0 +1,46 @@
+"""The API's exception hierarchy. Routes raise these; handlers map them to HTTP once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.errors import ErrorCode
+
+
+class ApiError(Exception):
+    status_code = 500
+    default_code = ErrorCode.INTERNAL_ERROR
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.extra = extra or {}
+
+
+class Unauthenticated(ApiError):
+    """401: missing, malformed, unknown or revoked credential or token."""
+
+    status_code = 401
+    default_code = ErrorCode.CREDENTIAL_INVALID
+
+
+class Forbidden(ApiError):
+    """403: authenticated, but this caller may not do this (disabled node, someone else's)."""
+
+    status_code = 403
+    default_code = ErrorCode.NODE_MISMATCH
+
+
+class NotFound(ApiError):
+    status_code = 404
+    default_code = ErrorCode.NOT_FOUND
+
+
+class Conflict(ApiError):
+    """409: protocol version, replayed sequence, identity or terminal-state conflicts."""
+
+    status_code = 409
+    default_code = ErrorCode.STATE_CONFLICT

@@ -1,0 +1,84 @@
+"""Correlation IDs: echoed or generated, on every response and every log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from contextvars import ContextVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from schemas.errors import ErrorBody, ErrorCode
+
+HEADER = "x-correlation-id"
+_ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+correlation_id_var: ContextVar[str | None] = ContextVar("modelforge_correlation_id", default=None)
+
+logger = logging.getLogger("modelforge.api")
+
+
+def current_correlation_id() -> str | None:
+    return correlation_id_var.get()
+
+
+def _incoming(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == HEADER.encode():
+            text = value.decode("latin-1")
+            # An unsafe value would end up in logs and headers: replace rather than echo.
+            return text if _ACCEPTABLE.match(text) else None
+    return None
+
+
+class CorrelationIdMiddleware:
+    """Outermost of ours, so even unhandled errors leave with a typed body and the header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        correlation_id = _incoming(scope) or uuid.uuid4().hex
+        token = correlation_id_var.set(correlation_id)
+        started = False
+
+        async def send_with_header(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k != HEADER.encode()]
+                headers.append((HEADER.encode(), correlation_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_header)
+        except Exception:
+            logger.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if started:
+                raise
+            body = ErrorBody(
+                code=ErrorCode.INTERNAL_ERROR,
+                message="internal error",
+                correlation_id=correlation_id,
+            )
+            await send_with_header(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send_with_header(
+                {
+                    "type": "http.response.body",
+                    "body": json.dumps(body.model_dump(mode="json")).encode(),
+                }
+            )
+        finally:
+            correlation_id_var.reset(token)

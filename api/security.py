@@ -1,0 +1,68 @@
+"""Secrets: generation, wire format, digests and constant-time comparison.
+
+Wire format ``<prefix>.<id hex>.<secret>``: the id finds the row by primary key, and
+only then is the secret's digest compared in constant time, so the database index is
+never used as a timing oracle for the secret itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+
+NODE_CREDENTIAL_PREFIX = "mfn"
+ENROLLMENT_TOKEN_PREFIX = "mfe"
+_SECRET_BYTES = 32
+# Compared against when no row exists, so unknown ids cost the same as wrong secrets.
+_DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy").digest()
+
+
+@dataclass(frozen=True)
+class PresentedSecret:
+    id: uuid.UUID
+    secret: str
+
+
+@dataclass(frozen=True)
+class IssuedSecret:
+    id: uuid.UUID
+    wire: str
+    digest: bytes
+
+
+def digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def issue(prefix: str) -> IssuedSecret:
+    secret_id = uuid.uuid4()
+    secret = secrets.token_urlsafe(_SECRET_BYTES)
+    return IssuedSecret(
+        id=secret_id, wire=f"{prefix}.{secret_id.hex}.{secret}", digest=digest(secret)
+    )
+
+
+def parse(prefix: str, wire: str) -> PresentedSecret | None:
+    """None when the value cannot be one of ours (wrong prefix or shape)."""
+    parts = wire.split(".")
+    if len(parts) != 3 or parts[0] != prefix or not 20 <= len(parts[2]) <= 100:
+        return None
+    try:
+        secret_id = uuid.UUID(hex=parts[1])
+    except ValueError:
+        return None
+    return PresentedSecret(id=secret_id, secret=parts[2])
+
+
+def matches(presented: str, stored_digest: bytes | None) -> bool:
+    return hmac.compare_digest(digest(presented), stored_digest or _DUMMY_DIGEST) and (
+        stored_digest is not None
+    )
+
+
+def same_secret(presented: str, expected: str) -> bool:
+    # Digests first so the comparison time doesn't depend on the lengths either.
+    return hmac.compare_digest(digest(presented), digest(expected))

@@ -1,0 +1,30 @@
+"""What the API process holds while it runs: built in the lifespan, reached through request.app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from starlette.requests import Request
+
+from api.liveness import LivenessThresholds
+from api.settings import ApiSettings
+
+
+@dataclass
+class ApiState:
+    settings: ApiSettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+
+    @property
+    def thresholds(self) -> LivenessThresholds:
+        return LivenessThresholds(
+            stale_after_s=self.settings.stale_after_s,
+            offline_after_s=self.settings.offline_after_s,
+        )
+
+
+def get_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.modelforge
+    return state

@@ -1,0 +1,54 @@
+"""JetStream stream declarations, applied idempotently at start-up by every publisher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+EVENTS_STREAM = "MODELFORGE_EVENTS"
+EVENTS_SUBJECTS = ["modelforge.v1.>"]
+# Nats-Msg-Id dedupe horizon: a relay that crashed after publishing but before
+# marking the row sent republishes well inside this window.
+DUPLICATE_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: list[str]
+    duplicate_window_s: float
+    max_age_s: float
+    replicas: int = 1
+
+    def config(self) -> StreamConfig:
+        return StreamConfig(
+            name=self.name,
+            subjects=self.subjects,
+            storage=StorageType.FILE,
+            duplicate_window=self.duplicate_window_s,
+            max_age=self.max_age_s,
+            num_replicas=self.replicas,
+        )
+
+
+def events_stream(replicas: int = 1) -> StreamSpec:
+    return StreamSpec(
+        name=EVENTS_STREAM,
+        subjects=EVENTS_SUBJECTS,
+        duplicate_window_s=DUPLICATE_WINDOW_S,
+        max_age_s=7 * 24 * 3600.0,
+        replicas=replicas,
+    )
+
+
+async def declare(js: JetStreamContext, spec: StreamSpec) -> None:
+    """Create the stream, or bring an existing one to this configuration."""
+    try:
+        await js.stream_info(spec.name)
+    except NotFoundError:
+        await js.add_stream(spec.config())
+        return
+    await js.update_stream(spec.config())

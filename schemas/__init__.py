@@ -1,0 +1,1 @@
+"""Wire models: the only place request, response, error and event shapes are defined."""

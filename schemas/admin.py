@@ -1,0 +1,199 @@
+"""Administrative API under /api/v1/admin: tokens, nodes, credentials, decommission, audit."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from schemas.agent import GpuTelemetry, HostFacts, NotAppliedReason, StorageTelemetry
+from schemas.base import AwareDatetime, Labels, WireModel
+
+
+class Liveness(StrEnum):
+    ONLINE = "online"
+    STALE = "stale"
+    OFFLINE = "offline"
+    DISABLED = "disabled"
+    DECOMMISSIONED = "decommissioned"
+
+
+class TokenState(StrEnum):
+    ACTIVE = "active"
+    USED = "used"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+class CreateEnrollmentToken(WireModel):
+    expires_in_s: Annotated[int, Field(gt=0, le=365 * 24 * 3600)] | None = None
+    labels: Labels = Field(default_factory=dict)
+    display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    note: Annotated[str, Field(max_length=500)] | None = None
+    # Recovery: the token re-binds this existing identity instead of creating a node.
+    node_id: uuid.UUID | None = None
+
+
+class EnrollmentTokenInfo(WireModel):
+    id: uuid.UUID
+    state: TokenState
+    created_at: datetime
+    expires_at: datetime | None
+    labels: dict[str, str]
+    display_name: str | None
+    note: str | None
+    node_id: uuid.UUID | None
+    used_at: datetime | None
+    used_by_node_id: uuid.UUID | None
+    revoked_at: datetime | None
+
+
+class EnrollmentTokenCreated(WireModel):
+    token: EnrollmentTokenInfo
+    # Shown exactly once.
+    secret: str
+
+
+class EnrollmentTokenList(WireModel):
+    items: list[EnrollmentTokenInfo]
+
+
+class StreamState(WireModel):
+    """One ingest stream (inventory or telemetry) of a node."""
+
+    cursor: int
+    good_sequence: int | None
+    good_observed_at: datetime | None
+    good_received_at: datetime | None
+    not_applied_reason: NotAppliedReason | None
+    not_applied_sequence: int | None
+    not_applied_observed_at: datetime | None
+    not_applied_received_at: datetime | None
+
+
+class GpuInfo(WireModel):
+    uuid: str
+    index: int
+    name: str
+    pci_bus_id: str
+    memory_total_bytes: int
+    driver_version: str | None
+    cuda_version: str | None
+    first_seen_at: datetime
+    last_seen_at: datetime
+    missing: bool
+    missing_since: datetime | None
+
+
+class InventoryView(WireModel):
+    complete: bool
+    host: HostFacts
+
+
+class TelemetryView(WireModel):
+    ram_total_bytes: int
+    ram_used_bytes: int
+    storage: list[StorageTelemetry]
+    gpus: list[GpuTelemetry]
+
+
+class NodeSummary(WireModel):
+    id: uuid.UUID
+    hostname: str
+    display_name: str | None
+    labels: dict[str, str]
+    enabled: bool
+    liveness: Liveness
+    agent_version: str
+    protocol_version: int
+    enrolled_at: datetime
+    last_heartbeat_at: datetime | None
+    decommissioned_at: datetime | None
+
+
+class NodeDetail(NodeSummary):
+    capabilities: list[str]
+    has_active_credential: bool
+    inventory: InventoryView | None
+    inventory_stream: StreamState | None
+    telemetry: TelemetryView | None
+    telemetry_stream: StreamState | None
+    gpus: list[GpuInfo]
+
+
+class NodeList(WireModel):
+    items: list[NodeSummary]
+
+
+class NodePatch(WireModel):
+    display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    # Replaces the whole label set.
+    labels: Labels | None = None
+    enabled: bool | None = None
+
+
+class CredentialRevoked(WireModel):
+    node_id: uuid.UUID
+    revoked_credential_ids: list[uuid.UUID]
+
+
+class CredentialRotated(WireModel):
+    node_id: uuid.UUID
+    credential_id: uuid.UUID
+    # Shown exactly once: install it in the agent's protected state file.
+    credential: str
+    revoked_credential_ids: list[uuid.UUID]
+
+
+class DecommissionPreview(WireModel):
+    node_id: uuid.UUID
+    already_decommissioned: bool
+    credentials_to_revoke: list[uuid.UUID]
+    enrollment_tokens_to_revoke: list[uuid.UUID]
+    gpus: int
+    liveness: Liveness
+
+
+class DecommissionRequest(WireModel):
+    # Must repeat the node id: a guard against decommissioning the wrong node.
+    confirm_node_id: uuid.UUID
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+class DecommissionResult(WireModel):
+    node_id: uuid.UUID
+    decommissioned_at: datetime
+    revoked_credential_ids: list[uuid.UUID]
+    revoked_enrollment_token_ids: list[uuid.UUID]
+
+
+class AuditRecord(WireModel):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target_type: str
+    target_id: str
+    correlation_id: str | None
+    details: dict[str, Any]
+
+
+class AuditList(WireModel):
+    items: list[AuditRecord]
+    # Pass as before_id to read the next (older) page.
+    next_before_id: int | None
+
+
+class AuditQuery(WireModel):
+    actor: str | None = None
+    action: str | None = None
+    target_type: str | None = None
+    target_id: str | None = None
+    correlation_id: str | None = None
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
+    before_id: int | None = None
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100

@@ -1,0 +1,60 @@
+"""The error contract: one JSON body shape and a stable code for every refusal."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from schemas.base import WireModel
+
+
+class ErrorCode(StrEnum):
+    # 422 / 413
+    VALIDATION_FAILED = "validation_failed"
+    BODY_TOO_LARGE = "body_too_large"
+    # 401
+    CREDENTIAL_MISSING = "credential_missing"
+    CREDENTIAL_MALFORMED = "credential_malformed"
+    CREDENTIAL_INVALID = "credential_invalid"
+    CREDENTIAL_REVOKED = "credential_revoked"
+    NODE_DECOMMISSIONED = "node_decommissioned"
+    ENROLLMENT_TOKEN_INVALID = "enrollment_token_invalid"
+    ENROLLMENT_TOKEN_USED = "enrollment_token_used"
+    ENROLLMENT_TOKEN_EXPIRED = "enrollment_token_expired"
+    ENROLLMENT_TOKEN_REVOKED = "enrollment_token_revoked"
+    ADMIN_TOKEN_MISSING = "admin_token_missing"
+    ADMIN_TOKEN_INVALID = "admin_token_invalid"
+    # 403
+    NODE_DISABLED = "node_disabled"
+    NODE_MISMATCH = "node_mismatch"
+    ADMIN_API_DISABLED = "admin_api_disabled"
+    # 404
+    NOT_FOUND = "not_found"
+    # 405
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    # 409
+    PROTOCOL_VERSION_UNSUPPORTED = "protocol_version_unsupported"
+    SEQUENCE_REPLAYED = "sequence_replayed"
+    IDENTITY_CONFLICT = "identity_conflict"
+    NODE_TERMINAL = "node_terminal"
+    STATE_CONFLICT = "state_conflict"
+    # 500
+    INTERNAL_ERROR = "internal_error"
+
+
+class FieldError(WireModel):
+    location: list[str | int]
+    message: str
+    type: str
+
+
+class ErrorBody(WireModel):
+    """Every non-2xx response carries this body."""
+
+    code: ErrorCode
+    message: str
+    correlation_id: str
+    details: list[FieldError] = Field(default_factory=list)
+    extra: dict[str, Any] = Field(default_factory=dict)

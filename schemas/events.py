@@ -1,0 +1,165 @@
+"""CloudEvents 1.0 envelopes and the payload of every event ModelForge publishes.
+
+Subjects: ``modelforge.v1.node.<node_id>.<event>`` for node events and
+``modelforge.v1.token.<token_id>.<event>`` for enrollment tokens, so a consumer can
+filter one node (``modelforge.v1.node.<id>.>``) or one kind of event
+(``modelforge.v1.node.*.gpu.missing``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field
+
+from schemas.base import WireModel
+
+EVENT_SOURCE = "/modelforge/control-plane"
+SUBJECT_PREFIX = "modelforge.v1"
+
+
+class EventType(StrEnum):
+    TOKEN_CREATED = "token.created"
+    TOKEN_REVOKED = "token.revoked"
+    NODE_ENROLLED = "node.enrolled"
+    NODE_UPDATED = "node.updated"
+    NODE_DISABLED = "node.disabled"
+    NODE_ENABLED = "node.enabled"
+    NODE_AGENT_CHANGED = "node.agent.changed"
+    NODE_CREDENTIAL_REVOKED = "node.credential.revoked"
+    NODE_CREDENTIAL_ROTATED = "node.credential.rotated"
+    NODE_DECOMMISSIONED = "node.decommissioned"
+    NODE_STREAM_NOT_APPLIED = "node.stream.not_applied"
+    GPU_ADDED = "node.gpu.added"
+    GPU_MISSING = "node.gpu.missing"
+    GPU_RETURNED = "node.gpu.returned"
+    GPU_CHANGED = "node.gpu.changed"
+
+    @property
+    def cloudevent_type(self) -> str:
+        return f"io.modelforge.{self.value}.v1"
+
+    def subject(self, target_id: uuid.UUID) -> str:
+        kind, _, rest = self.value.partition(".")
+        return f"{SUBJECT_PREFIX}.{kind}.{target_id}.{rest}"
+
+
+class CloudEvent(WireModel):
+    """Structured-mode CloudEvents 1.0 JSON, exactly as it sits on the stream."""
+
+    specversion: Literal["1.0"] = "1.0"
+    id: uuid.UUID
+    source: str = EVENT_SOURCE
+    type: str
+    subject: str
+    time: datetime
+    datacontenttype: Literal["application/json"] = "application/json"
+    # Extension attributes (lowercase alphanumerics, per the spec).
+    correlationid: str | None = None
+    nodeid: uuid.UUID | None = None
+    data: dict[str, Any]
+
+
+class TokenCreated(WireModel):
+    token_id: uuid.UUID
+    expires_at: datetime | None
+    labels: dict[str, str]
+    node_id: uuid.UUID | None
+
+
+class TokenRevoked(WireModel):
+    token_id: uuid.UUID
+    reason: str
+
+
+class NodeEnrolled(WireModel):
+    node_id: uuid.UUID
+    hostname: str
+    agent_version: str
+    protocol_version: int
+    capabilities: list[str]
+    labels: dict[str, str]
+    token_id: uuid.UUID
+    credential_id: uuid.UUID
+    # True when a recovery token re-bound an existing identity.
+    rebound: bool
+
+
+class NodeUpdated(WireModel):
+    node_id: uuid.UUID
+    changes: dict[str, Any]
+
+
+class NodeEnablementChanged(WireModel):
+    node_id: uuid.UUID
+    enabled: bool
+
+
+class NodeAgentChanged(WireModel):
+    node_id: uuid.UUID
+    agent_version: str
+    protocol_version: int
+    capabilities: list[str]
+    previous_agent_version: str
+    previous_capabilities: list[str]
+
+
+class CredentialRevokedEvent(WireModel):
+    node_id: uuid.UUID
+    credential_ids: list[uuid.UUID]
+    reason: str
+
+
+class CredentialRotatedEvent(WireModel):
+    node_id: uuid.UUID
+    credential_id: uuid.UUID
+    revoked_credential_ids: list[uuid.UUID]
+
+
+class NodeDecommissioned(WireModel):
+    node_id: uuid.UUID
+    reason: str
+    revoked_credential_ids: list[uuid.UUID]
+
+
+class StreamNotApplied(WireModel):
+    """Emitted when a stream starts refusing samples, not for every refused sample."""
+
+    node_id: uuid.UUID
+    stream: str
+    sequence: int
+    reason: str
+    observed_at: datetime
+    received_at: datetime
+
+
+class GpuEvent(WireModel):
+    node_id: uuid.UUID
+    gpu_uuid: str
+    index: int
+    name: str
+    pci_bus_id: str
+    # Field -> [old, new], only for node.gpu.changed.
+    changes: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
+    EventType.TOKEN_CREATED: TokenCreated,
+    EventType.TOKEN_REVOKED: TokenRevoked,
+    EventType.NODE_ENROLLED: NodeEnrolled,
+    EventType.NODE_UPDATED: NodeUpdated,
+    EventType.NODE_DISABLED: NodeEnablementChanged,
+    EventType.NODE_ENABLED: NodeEnablementChanged,
+    EventType.NODE_AGENT_CHANGED: NodeAgentChanged,
+    EventType.NODE_CREDENTIAL_REVOKED: CredentialRevokedEvent,
+    EventType.NODE_CREDENTIAL_ROTATED: CredentialRotatedEvent,
+    EventType.NODE_DECOMMISSIONED: NodeDecommissioned,
+    EventType.NODE_STREAM_NOT_APPLIED: StreamNotApplied,
+    EventType.GPU_ADDED: GpuEvent,
+    EventType.GPU_MISSING: GpuEvent,
+    EventType.GPU_RETURNED: GpuEvent,
+    EventType.GPU_CHANGED: GpuEvent,
+}

@@ -1,0 +1,283 @@
+"""`modelforge up`: the one-command local stack.
+
+Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelforge api` and
+`modelforge relay` as child processes, supervised until Ctrl-C/SIGTERM or until one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from stack.ports import port_is_free
+from stack.processes import start_process, stop_process
+from stack.settings import StackSettings
+
+DATABASE_NAME = "modelforge"
+KEY_FILE = "operator_api_key"
+HEALTH_TIMEOUT_S = 90.0
+CHILD_STOP_TIMEOUT_S = 15.0
+POLL_S = 0.2
+
+
+class StartupError(Exception):
+    """A problem to report in one line, without a traceback."""
+
+
+class _StopRequested(Exception):
+    pass
+
+
+@dataclass
+class _Signals:
+    """Turns SIGINT/SIGTERM into a flag that the startup steps and the supervisor poll.
+
+    No exception is raised from the handler, so a signal can never land between starting a
+    process and recording it, which would leave that process unsupervised.
+    """
+
+    requested: threading.Event = field(default_factory=threading.Event)
+    signum: int | None = None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+        self.requested.set()
+
+    def check(self) -> None:
+        if self.requested.is_set():
+            raise _StopRequested
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _redact(url: str) -> str:
+    """url without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _client_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to host."""
+    if host in ("", "0.0.0.0"):  # noqa: S104 - recognising the wildcard, not binding it
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def operator_key(settings: StackSettings, data_dir: Path) -> tuple[str, str]:
+    """(key, where it came from): the setting, else a key generated once and kept on disk."""
+    if settings.operator_api_key is not None and settings.operator_api_key.get_secret_value():
+        return settings.operator_api_key.get_secret_value(), "MODELFORGE_OPERATOR_API_KEY"
+    path = data_dir / KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        key = path.read_text().strip()
+        if key:
+            path.chmod(0o600)
+            return key, str(path)
+    key = secrets.token_urlsafe(32)
+    # Written to a temporary name and renamed, so a crash never leaves a truncated key.
+    tmp = path.with_name(f".{KEY_FILE}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    tmp.replace(path)
+    return key, str(path)
+
+
+def _reserve_port(host: str, port: int) -> socket.socket | None:
+    """Hold the API port (bound, not listening) while the embedded servers pick theirs.
+
+    Otherwise the kernel could hand the same number to one of them as a free port.
+    Returns None when it cannot be held (e.g. TIME_WAIT leftovers), which is harmless.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+class _Stack:
+    def __init__(self, settings: StackSettings, signals: _Signals) -> None:
+        self.settings = settings
+        self.signals = signals
+        self.data_dir = settings.data_dir.expanduser().resolve()
+        self.children: list[_Child] = []
+
+    def run(self) -> int:
+        host, port = self.settings.host, self.settings.port
+        if not port_is_free(host, port):
+            raise StartupError(
+                f"port {port} on {host} is already in use; stop whatever listens there or "
+                "choose another port with MODELFORGE_PORT"
+            )
+        with contextlib.ExitStack() as cleanup:
+            reservation = _reserve_port(host, port)
+            if reservation is not None:
+                cleanup.callback(reservation.close)
+            if not self.data_dir.exists():
+                self.data_dir.mkdir(parents=True, mode=0o700)
+                self.data_dir.chmod(0o700)  # mkdir's mode is filtered by the umask
+            database_url = self._database(cleanup)
+            nats_url = self._nats(cleanup)
+            self.signals.check()
+            _say("applying database migrations")
+            from store.migrate import upgrade
+
+            upgrade(database_url)
+            self.signals.check()
+            key, key_source = operator_key(self.settings, self.data_dir)
+            env = {
+                **os.environ,
+                "MODELFORGE_DATABASE_URL": database_url,
+                "MODELFORGE_NATS_URL": nats_url,
+                "MODELFORGE_OPERATOR_API_KEY": key,
+                "MODELFORGE_HOST": host,
+                "MODELFORGE_PORT": str(port),
+                "PYTHONUNBUFFERED": "1",
+            }
+            # Registered before the children start so they stop before NATS and PostgreSQL.
+            cleanup.callback(self._stop_children)
+            if reservation is not None:
+                reservation.close()
+            for name in ("api", "relay"):
+                argv = [sys.executable, "-m", "cli.main", name]
+                self.children.append(_Child(name, start_process(argv, env=env)))
+            base = f"http://{_client_host(host)}:{port}"
+            self._wait_healthy(f"{base}/healthz")
+            _say(
+                "\nModelForge is up.\n"
+                f"  API:          {base}\n"
+                f"  API docs:     {base}/docs\n"
+                f"  Operator key: {key}  (from {key_source})\n"
+                f"  Database:     {_redact(database_url)}\n"
+                f"  NATS:         {_redact(nats_url)}\n"
+                f"  Data:         {self.data_dir}\n"
+                "Press Ctrl-C to stop; data is kept for the next run.\n"
+            )
+            return self._supervise()
+        raise AssertionError("unreachable")  # pragma: no cover - for type checkers
+
+    def _database(self, cleanup: contextlib.ExitStack) -> str:
+        if self.settings.database_url:
+            _say(f"using PostgreSQL at {_redact(self.settings.database_url)}")
+            return self.settings.database_url
+        from stack.embedded_postgres import EmbeddedPostgres
+
+        self.signals.check()
+        pg = EmbeddedPostgres(self.data_dir / "postgres")
+        cleanup.callback(pg.stop)
+        _say(f"starting PostgreSQL (data in {pg.pgdata}, log {pg.log_path})")
+        pg.start()
+        pg.ensure_database(DATABASE_NAME)
+        return pg.url(DATABASE_NAME)
+
+    def _nats(self, cleanup: contextlib.ExitStack) -> str:
+        if self.settings.nats_url:
+            _say(f"using NATS at {_redact(self.settings.nats_url)}")
+            return self.settings.nats_url
+        from stack.embedded_nats import EmbeddedNats
+
+        self.signals.check()
+        nats = EmbeddedNats(self.data_dir / "nats")
+        cleanup.callback(nats.stop)
+        _say(f"starting NATS JetStream (store in {nats.store_dir}, log {nats.log_path})")
+        nats.start()
+        return nats.url
+
+    def _dead_child(self) -> _Child | None:
+        return next((c for c in self.children if c.proc.poll() is not None), None)
+
+    def _wait_healthy(self, url: str) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                self.signals.check()
+                dead = self._dead_child()
+                if dead is not None:
+                    raise StartupError(
+                        f"`modelforge {dead.name}` exited with status {dead.proc.returncode} "
+                        "during startup"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(url).status_code == 200:
+                        return
+                time.sleep(POLL_S)
+        raise StartupError(f"the API did not answer {url} within {HEALTH_TIMEOUT_S:.0f}s")
+
+    def _supervise(self) -> int:
+        while not self.signals.requested.wait(POLL_S):
+            dead = self._dead_child()
+            if dead is not None:
+                print(
+                    f"modelforge up: `modelforge {dead.name}` exited unexpectedly with status "
+                    f"{dead.proc.returncode}; stopping everything",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+        _say("stopping")
+        return 0
+
+    def _stop_children(self) -> None:
+        # Reverse start order: the relay stops publishing before the API goes away.
+        for child in reversed(self.children):
+            stop_process(child.proc, sig=signal.SIGTERM, timeout_s=CHILD_STOP_TIMEOUT_S)
+
+
+def run_up(settings: StackSettings) -> int:
+    """Run the local stack in the foreground; the process exit status."""
+    signals = _Signals()
+    with signals.installed():
+        try:
+            return _Stack(settings, signals).run()
+        except _StopRequested:
+            _say("stopped")
+            return 0
+        except StartupError as exc:
+            print(f"modelforge up: {exc}", file=sys.stderr, flush=True)
+            return 1
+        except Exception:
+            traceback.print_exc()
+            print("modelforge up: failed; everything it started was stopped", file=sys.stderr)
+            return 1

@@ -1,0 +1,1 @@
+"""PostgreSQL storage: tables, engine factory and Alembic migrations."""

@@ -1,0 +1,25 @@
+"""Async engine and session factory, created by whoever owns the process lifecycle."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+
+def make_engine(database_url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        database_url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        # Timestamps are compared in UTC everywhere; never depend on the server's zone.
+        connect_args={"server_settings": {"timezone": "UTC"}},
+    )
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

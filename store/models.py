@@ -1,0 +1,170 @@
+"""Tables. PostgreSQL is the source of truth for identity, cursors and last-good state.
+
+Secrets never appear here: tokens and credentials are stored as SHA-256 digests of
+256-bit random values (a slow KDF buys nothing for values with that much entropy).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {
+        datetime: DateTime(timezone=True),
+        uuid.UUID: UUID(as_uuid=True),
+        dict[str, Any]: JSONB,
+        dict[str, str]: JSONB,
+        list[str]: JSONB,
+    }
+
+
+class EnrollmentToken(Base):
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary(32))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    expires_at: Mapped[datetime | None]
+    # Labels and display name the enrolled node starts with.
+    labels: Mapped[dict[str, str]] = mapped_column(server_default=text("'{}'::jsonb"))
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    note: Mapped[str | None] = mapped_column(String(500))
+    # Set for a recovery token that re-binds an existing identity.
+    node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id"))
+    used_at: Mapped[datetime | None]
+    used_by_node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id"))
+    revoked_at: Mapped[datetime | None]
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    labels: Mapped[dict[str, str]] = mapped_column(server_default=text("'{}'::jsonb"))
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    protocol_version: Mapped[int] = mapped_column(Integer)
+    agent_version: Mapped[str] = mapped_column(String(100))
+    capabilities: Mapped[list[str]] = mapped_column(server_default=text("'[]'::jsonb"))
+    enrolled_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    # Server-received time of the last accepted heartbeat: the only input to liveness.
+    last_heartbeat_at: Mapped[datetime | None]
+    decommissioned_at: Mapped[datetime | None]
+    decommission_reason: Mapped[str | None] = mapped_column(String(500))
+
+    __table_args__ = (Index("ix_nodes_labels", "labels", postgresql_using="gin"),)
+
+
+class NodeCredential(Base):
+    __tablename__ = "node_credentials"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"))
+    digest: Mapped[bytes] = mapped_column(LargeBinary(32))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    revoked_at: Mapped[datetime | None]
+    revoked_reason: Mapped[str | None] = mapped_column(String(100))
+
+    __table_args__ = (
+        # At most one active credential per node, whatever races happen above.
+        Index(
+            "uq_node_credentials_one_active",
+            "node_id",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+
+class NodeStream(Base):
+    """Per-node, per-stream ordering cursor plus the last-good observation."""
+
+    __tablename__ = "node_streams"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    stream: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cursor: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    good_sequence: Mapped[int | None] = mapped_column(BigInteger)
+    good_observed_at: Mapped[datetime | None]
+    good_received_at: Mapped[datetime | None]
+    good_payload: Mapped[dict[str, Any] | None]
+    # Why the newest sample was not applied; cleared by the next good one.
+    not_applied_reason: Mapped[str | None] = mapped_column(String(64))
+    not_applied_sequence: Mapped[int | None] = mapped_column(BigInteger)
+    not_applied_observed_at: Mapped[datetime | None]
+    not_applied_received_at: Mapped[datetime | None]
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    pci_bus_id: Mapped[str] = mapped_column(String(64))
+    memory_total_bytes: Mapped[int] = mapped_column(BigInteger)
+    driver_version: Mapped[str | None] = mapped_column(String(64))
+    cuda_version: Mapped[str | None] = mapped_column(String(64))
+    first_seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    last_seen_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    missing_since: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    at: Mapped[datetime] = mapped_column(server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(100))
+    target_type: Mapped[str] = mapped_column(String(50))
+    target_id: Mapped[str] = mapped_column(String(100))
+    correlation_id: Mapped[str | None] = mapped_column(String(128))
+    details: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+
+    __table_args__ = (
+        Index("ix_audit_log_at", "at"),
+        Index("ix_audit_log_target", "target_type", "target_id"),
+    )
+
+
+class OutboxEvent(Base):
+    """A CloudEvent written in the same transaction as the change it describes."""
+
+    __tablename__ = "outbox"
+
+    # Monotonic insertion order: the relay publishes in this order, which keeps
+    # every node's events in order on the stream.
+    position: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(unique=True)
+    subject: Mapped[str] = mapped_column(Text)
+    envelope: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    sent_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_outbox_unsent", "position", postgresql_where=text("sent_at IS NULL")),
+    )
