@@ -12,6 +12,7 @@ from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
+from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
 from api.settings import ApiSettings
@@ -46,8 +47,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         openapi_url="/openapi.json",
     )
     install_exception_handlers(app)
-    # Added last = outermost: the correlation id exists before the size check answers.
+    # Added last = outermost: the correlation id exists before anything logs or answers.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLogMiddleware)
     app.add_middleware(CorrelationIdMiddleware)
     app.include_router(health_router)
     app.include_router(agent_router)

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from schemas import admin, agent, errors, events
 
 
-def _models() -> dict[str, type[BaseModel]]:
+def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
     for module in (agent, admin, errors, events):
         for name, value in vars(module).items():
@@ -26,7 +26,7 @@ def _models() -> dict[str, type[BaseModel]]:
 def render() -> dict[str, str]:
     """File name -> JSON text, deterministic so a stale export shows up as a diff."""
     files: dict[str, str] = {}
-    for qualified, model in sorted(_models().items()):
+    for qualified, model in sorted(models().items()):
         schema = model.model_json_schema(mode="serialization")
         files[f"{qualified}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     return files

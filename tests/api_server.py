@@ -1,0 +1,104 @@
+"""A real API server on loopback for tests: uvicorn in a thread, real TCP, real PostgreSQL.
+
+Used as a pytest plugin (see conftest.py). Clients talk to it over HTTP exactly as
+agents and operators do; nothing in the app is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.settings import ApiSettings
+
+OPERATOR_KEY = "test-operator-key-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningApi:
+    base_url: str
+    settings: ApiSettings
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"X-ModelForge-Admin-Token": OPERATOR_KEY}
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        return httpx.AsyncClient(base_url=self.base_url, timeout=60, limits=limits, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def start_api(settings: ApiSettings) -> RunningApi:
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("test API server did not start")
+        time.sleep(0.02)
+    return RunningApi(f"http://127.0.0.1:{settings.port}", settings, server, thread)
+
+
+ApiFactory = Callable[..., RunningApi]
+
+
+@pytest.fixture
+def api_factory(database_url: str) -> Iterator[ApiFactory]:
+    """Start an API against this test's database; keyword arguments override settings."""
+    started: list[RunningApi] = []
+
+    def factory(**overrides: Any) -> RunningApi:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "operator_api_key": OPERATOR_KEY,
+            "port": free_port(),
+            "db_pool_size": 20,
+        }
+        values.update(overrides)
+        running = start_api(ApiSettings(**values))
+        started.append(running)
+        return running
+
+    yield factory
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory()

@@ -1,0 +1,130 @@
+"""Protocol steps shared by tests: what an operator and an agent send, over real HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from tests.api_server import RunningApi
+
+TOKENS = "/api/v1/admin/hardware/enrollment-tokens"
+NODES = "/api/v1/admin/hardware/nodes"
+ENROLL = "/api/v1/agent/enroll"
+HEARTBEAT = "/api/v1/agent/heartbeat"
+INVENTORY = "/api/v1/agent/inventory"
+TELEMETRY = "/api/v1/agent/telemetry"
+
+
+@dataclass(frozen=True)
+class EnrolledNode:
+    node_id: str
+    credential: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.credential}"}
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def create_token(client: httpx.Client, api: RunningApi, **body: Any) -> str:
+    response = client.post(TOKENS, json=body, headers=api.admin_headers)
+    assert response.status_code == 201, response.text
+    secret: str = response.json()["secret"]
+    return secret
+
+
+def enroll_body(token: str, hostname: str = "gpu-host-1", **extra: Any) -> dict[str, Any]:
+    return {
+        "enrollment_token": token,
+        "protocol_version": 1,
+        "agent_version": "1.0.0",
+        "hostname": hostname,
+        "capabilities": ["hardware.inventory", "hardware.telemetry"],
+        **extra,
+    }
+
+
+def enroll(
+    client: httpx.Client, api: RunningApi, hostname: str = "gpu-host-1", **token_body: Any
+) -> EnrolledNode:
+    token = create_token(client, api, **token_body)
+    response = client.post(ENROLL, json=enroll_body(token, hostname))
+    assert response.status_code == 201, response.text
+    data = response.json()
+    return EnrolledNode(node_id=data["node_id"], credential=data["credential"])
+
+
+def heartbeat_body(node_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "node_id": node_id,
+        "protocol_version": 1,
+        "agent_version": "1.0.0",
+        "capabilities": ["hardware.inventory", "hardware.telemetry"],
+        **extra,
+    }
+
+
+def gpu(index: int, gpu_uuid: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "uuid": gpu_uuid or f"GPU-{uuid.uuid4()}",
+        "index": index,
+        "name": "NVIDIA H200",
+        "pci_bus_id": f"00000000:{index + 1:02x}:00.0",
+        "memory_total_bytes": 141 * 2**30,
+        "driver_version": "570.86",
+        "cuda_version": "12.8",
+        **extra,
+    }
+
+
+def inventory_body(
+    node_id: str,
+    sequence: int,
+    *,
+    observed_at: datetime | None = None,
+    complete: bool = True,
+    gpus: list[dict[str, Any]] | None = None,
+    hostname: str = "gpu-host-1",
+) -> dict[str, Any]:
+    return {
+        "node_id": node_id,
+        "sequence": sequence,
+        "observed_at": (observed_at or now()).isoformat(),
+        "complete": complete,
+        "host": {"hostname": hostname, "os": "Linux", "cpu_count": 32, "ram_total_bytes": 2**38},
+        "gpus": gpus or [],
+    }
+
+
+def telemetry_body(
+    node_id: str,
+    sequence: int,
+    *,
+    observed_at: datetime | None = None,
+    gpu_uuids: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "node_id": node_id,
+        "sequence": sequence,
+        "observed_at": (observed_at or now()).isoformat(),
+        "ram_total_bytes": 2**38,
+        "ram_used_bytes": 2**36,
+        "storage": [{"path": "/", "total_bytes": 2**40, "used_bytes": 2**39}],
+        "gpus": [
+            {
+                "uuid": u,
+                "utilization_percent": 50.0,
+                "memory_used_bytes": 2**33,
+                "temperature_c": 60.0,
+                "power_w": 300.0,
+            }
+            for u in (gpu_uuids or [])
+        ],
+    }

@@ -1,0 +1,350 @@
+"""The embedded servers, the service fixtures and `modelforge up`, all with real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import nats
+import psutil
+import pytest
+from sqlalchemy import NullPool, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from stack.embedded_nats import EmbeddedNats
+from stack.embedded_postgres import EmbeddedPostgres
+from stack.ports import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def scalar(url: str, sql: str) -> object:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            return (await conn.execute(text(sql))).scalar()
+    finally:
+        await engine.dispose()
+
+
+async def execute(url: str, *statements: str) -> None:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            for statement in statements:
+                await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+def refuses_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+# --- EmbeddedPostgres ------------------------------------------------------------------
+
+
+async def test_embedded_postgres_restart_keeps_data_and_port(pg_tmp_path: Path) -> None:
+    server = EmbeddedPostgres(pg_tmp_path / "pg")
+    try:
+        server.start()
+        port = server.port
+        assert port not in (5432, 4222)
+        server.ensure_database("modelforge")
+        server.ensure_database("modelforge")  # idempotent
+        url = server.url("modelforge")
+        assert url == f"postgresql+asyncpg://postgres@127.0.0.1:{port}/modelforge"
+        await execute(url, "create table kept (v text)", "insert into kept values ('yes')")
+
+        server.stop()
+        assert not server.running
+        assert refuses_connections(port)
+        assert "database system is shut down" in server.log_path.read_text()
+
+        server.start()
+        assert server.port == port  # remembered in the data dir
+        assert await scalar(server.url("modelforge"), "select v from kept") == "yes"
+    finally:
+        server.stop()
+
+
+async def test_embedded_postgres_recovers_from_a_crashed_run(pg_tmp_path: Path) -> None:
+    """A run killed with SIGKILL leaves its postmaster running; the next start copes."""
+    data_dir = pg_tmp_path / "pg"
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from stack.embedded_postgres import EmbeddedPostgres\n"
+        "server = EmbeddedPostgres(Path(sys.argv[1]))\n"
+        "server.start()\n"
+        "print(server.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-c", script, str(data_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    orphan = psutil.Process(int(crashed.stdout.strip()))
+    assert orphan.is_running()
+
+    server = EmbeddedPostgres(data_dir)
+    try:
+        server.start()
+        assert not orphan.is_running()
+        assert await scalar(server.url(), "select 1") == 1
+    finally:
+        server.stop()
+
+
+async def test_embedded_postgres_ignores_a_stale_pid_file(pg_tmp_path: Path) -> None:
+    server = EmbeddedPostgres(pg_tmp_path / "pg", durable=False)
+    try:
+        server.start()
+        server.stop()
+        # The pid of a live process that is not PostgreSQL, as after a reboot reused it.
+        (server.pgdata / "postmaster.pid").write_text(f"{os.getpid()}\n{server.pgdata}\n")
+        server.start()
+        assert await scalar(server.url(), "select 1") == 1
+    finally:
+        server.stop()
+
+
+def test_embedded_postgres_data_dir_is_exclusive(embedded_postgres: EmbeddedPostgres) -> None:
+    assert embedded_postgres.running
+    with pytest.raises(RuntimeError, match="in use"):
+        EmbeddedPostgres(embedded_postgres.data_dir).start()
+
+
+# --- EmbeddedNats ----------------------------------------------------------------------
+
+
+async def test_embedded_nats_jetstream_survives_restart(nats_server: EmbeddedNats) -> None:
+    port = nats_server.port
+    assert port not in (4222, 5432)
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="STACKTEST", subjects=["stacktest.>"])
+        ack = await js.publish("stacktest.one", b"kept", headers={"Nats-Msg-Id": "m1"})
+        assert ack.seq == 1
+    finally:
+        await nc.close()
+
+    nats_server.stop()
+    assert not nats_server.running
+    assert refuses_connections(port)
+
+    nats_server.start()
+    assert nats_server.port == port
+    assert nats_server.url == f"nats://127.0.0.1:{port}"
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("STACKTEST")
+        assert info.state.messages == 1
+        message = await js.get_msg("STACKTEST", 1)
+        assert message.data == b"kept"
+    finally:
+        await nc.close()
+
+
+def test_embedded_nats_remembers_its_port(tmp_path: Path) -> None:
+    with EmbeddedNats(tmp_path / "nats") as first:
+        port = first.port
+    with EmbeddedNats(tmp_path / "nats") as second:
+        assert second.port == port
+        assert (tmp_path / "nats" / "nats.log").stat().st_size > 0
+
+
+# --- the service fixtures --------------------------------------------------------------
+
+
+async def test_database_url_is_a_private_migrated_database(
+    database_url: str, pg_admin_url: str, migrated_template: str
+) -> None:
+    assert database_url.startswith("postgresql+asyncpg://")
+    assert await scalar(database_url, "select count(*) from alembic_version") == 1
+    name = await scalar(database_url, "select current_database()")
+    assert isinstance(name, str) and name.startswith("mf_test_")
+    assert name != migrated_template
+    assert pg_admin_url.endswith("/postgres")
+
+
+async def test_nats_url_has_jetstream(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().account_info()
+        assert info is not None
+    finally:
+        await nc.close()
+
+
+# --- modelforge up ---------------------------------------------------------------------
+
+
+class UpProcess:
+    """`modelforge up` as a subprocess, its output collected by a thread."""
+
+    def __init__(self, data_dir: Path, port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+        env.update(MODELFORGE_DATA_DIR=str(data_dir), MODELFORGE_PORT=str(port))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "up"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the reader drain the pipe
+                raise AssertionError(f"up exited {self.proc.returncode}:\n{self.output}")
+            time.sleep(0.2)
+        raise AssertionError(f"{pattern!r} not seen within {timeout_s}s:\n{self.output}")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def finish(self, timeout_s: float) -> int:
+        """Wait for exit and for the rest of the output."""
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=timeout_s)
+        return code
+
+    def interrupt(self, timeout_s: float = 90) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish(timeout_s)
+
+    def kill(self) -> None:
+        """Last-resort cleanup for a failed test: nothing may outlive it."""
+        tree = self.descendants()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        self._reader.join(timeout=10)
+
+
+StartUp = Callable[[Path, int], UpProcess]
+
+
+@pytest.fixture
+def start_up() -> Iterator[StartUp]:
+    started: list[UpProcess] = []
+
+    def start(data_dir: Path, port: int) -> UpProcess:
+        up = UpProcess(data_dir, port)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        up.kill()
+
+
+def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
+    """Start `up`, check it serves and stops cleanly; (operator key, database URL)."""
+    port = free_port()
+    up = start_up(data_dir, port)
+    found = up.wait_for(r"Operator key: (\S+)", timeout_s=180)
+    key = found.group(1)
+    database_url = up.wait_for(r"Database: +(\S+)", timeout_s=5).group(1)
+    base = f"http://127.0.0.1:{port}"
+    assert base in up.output
+    assert f"{base}/docs" in up.output
+    assert str(data_dir.resolve()) in up.output
+    assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+
+    tree = up.descendants()
+    names = " ".join(" ".join(p.cmdline()) for p in tree)
+    assert "cli.main api" in names and "cli.main relay" in names
+    assert "postgres" in names and "nats-server" in names
+
+    assert up.interrupt() == 0, up.output
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, f"left running: {alive}"
+    assert refuses_connections(port)
+    return key, database_url
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_modelforge_up_runs_stops_and_keeps_data(
+    start_up: StartUp, pg_tmp_path: Path
+) -> None:
+    data_dir = pg_tmp_path / "data"
+    key, database_url = run_up_once(start_up, data_dir)
+    key_file = data_dir / "operator_api_key"
+    assert key_file.read_text().strip() == key
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert data_dir.stat().st_mode & 0o077 in (0, 0o001)  # private; root adds search only
+    stamp = (key_file.read_bytes(), key_file.stat().st_mtime_ns)
+
+    # Leave a mark in the database between runs, through a server started on the same
+    # data directory (as `up` does), to prove the second run sees the same data.
+    with EmbeddedPostgres(data_dir / "postgres") as server:
+        await execute(server.url("modelforge"), "create table e2e_mark (v int)")
+
+    second_key, second_database_url = run_up_once(start_up, data_dir)
+    assert second_key == key
+    assert (key_file.read_bytes(), key_file.stat().st_mtime_ns) == stamp
+    assert second_database_url == database_url  # the remembered port
+    with EmbeddedPostgres(data_dir / "postgres") as server:
+        url = server.url("modelforge")
+        assert await scalar(url, "select count(*) from e2e_mark") == 0
+        assert await scalar(url, "select count(*) from alembic_version") == 1
+
+
+def test_modelforge_up_refuses_a_busy_port(start_up: StartUp, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        up = start_up(tmp_path / "data", port)
+        assert up.finish(timeout_s=60) == 1
+    assert f"port {port}" in up.output and "already in use" in up.output, up.output
+    assert not (tmp_path / "data").exists()  # failed before starting anything
