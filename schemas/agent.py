@@ -16,6 +16,8 @@ PROTOCOL_VERSION = 1
 Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.]*$")]
 Capabilities = Annotated[list[Capability], Field(max_length=64)]
 ShortText = Annotated[str, Field(min_length=1, max_length=255)]
+# Limits match the database columns, so anything that validates can be stored.
+VersionText = Annotated[str, Field(min_length=1, max_length=100)]
 Sequence = Annotated[int, Field(ge=1, le=2**63 - 1)]
 NonNegInt = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Percent = Annotated[float, Field(ge=0, le=100)]
@@ -24,7 +26,7 @@ Percent = Annotated[float, Field(ge=0, le=100)]
 class EnrollRequest(WireModel):
     enrollment_token: Annotated[str, Field(min_length=1, max_length=512)]
     protocol_version: int
-    agent_version: ShortText
+    agent_version: VersionText
     hostname: ShortText
     capabilities: Capabilities = Field(default_factory=list)
     # Set only when re-binding a persisted identity with a recovery token.
@@ -44,7 +46,7 @@ class EnrollResponse(WireModel):
 class HeartbeatRequest(WireModel):
     node_id: uuid.UUID
     protocol_version: int
-    agent_version: ShortText
+    agent_version: VersionText
     capabilities: Capabilities = Field(default_factory=list)
     # Agent clock, informational only: liveness uses server-received time.
     observed_at: AwareDatetime | None = None
@@ -70,7 +72,7 @@ class HostFacts(WireModel):
 class GpuInventory(WireModel):
     uuid: Annotated[str, Field(min_length=1, max_length=128)]
     index: Annotated[int, Field(ge=0, le=1024)]
-    name: ShortText
+    name: Annotated[str, Field(min_length=1, max_length=200)]
     pci_bus_id: Annotated[str, Field(min_length=1, max_length=64)]
     memory_total_bytes: NonNegInt
     driver_version: Annotated[str, Field(max_length=64)] | None = None

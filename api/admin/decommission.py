@@ -37,7 +37,7 @@ async def preview(
     ).one_or_none()
     if row is None:
         raise NotFound(f"node {node_id} does not exist")
-    node, liveness = row.tuple()
+    node, liveness = row
     credentials = (
         await session.execute(
             select(NodeCredential.id).where(

@@ -96,7 +96,7 @@ async def get_node(
             )
         )
     ).scalar_one()
-    node, liveness = row.tuple()
+    node, liveness = row
     return node_detail(node, liveness, streams, gpus, active)
 
 
