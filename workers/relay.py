@@ -4,6 +4,12 @@ At-least-once into JetStream, deduplicated there by ``Nats-Msg-Id`` = event id: 
 relay that dies between publish and mark republishes the same id, and the stream
 drops the copy. A transaction-scoped advisory lock lets any number of relays run
 while only one publishes at a time, which keeps every node's events in order.
+
+One retry mechanism: the loop in ``run``. The NATS client never reconnects or buffers
+publishes on its own; any broker failure closes it, and the next round (after a
+backoff) connects afresh and declares the stream again. An outage therefore delays
+events and never loses or reorders them, and nothing is published twice from two
+places.
 """
 
 from __future__ import annotations
@@ -12,13 +18,18 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import Error as JetStreamError
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from broker.streams import declare, events_stream
@@ -30,20 +41,79 @@ logger = logging.getLogger("modelforge.relay")
 # Arbitrary constant shared by every relay: "the outbox publisher" lock.
 _RELAY_LOCK_KEY = 0x6D66_6F62  # "mfob"
 
+# What a round may fail with and be retried: broker (nats errors include JetStream
+# API errors and nats' TimeoutError), network, and database failures. Anything else
+# is a bug and ends the process.
+_BROKER_ERRORS = (NatsError, TimeoutError, OSError)
+_RETRYABLE = (*_BROKER_ERRORS, SQLAlchemyError)
+_WARN_EVERY_S = 60.0
+
+Connect = Callable[[], Awaitable[NatsClient]]
+
+
+async def connect_nats(url: str, timeout_s: float = 2.0) -> NatsClient:
+    """One connection attempt, bounded by timeout_s; the relay's loop does the retrying.
+
+    allow_reconnect=False: a dropped connection closes the client instead of buffering
+    publishes for a later replay. nats-py still tries a server max_reconnect_attempts+1
+    times inside one connect (0 would mean forever), hence 1 and the outer bound.
+    """
+
+    async def quiet(exc: Exception) -> None:
+        logger.debug("nats: %s", exc)
+
+    return await asyncio.wait_for(
+        nats.connect(
+            url,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            connect_timeout=timeout_s,
+            error_cb=quiet,
+        ),
+        timeout=timeout_s,
+    )
+
 
 @dataclass
 class OutboxRelay:
     sessions: async_sessionmaker[AsyncSession]
-    nc: NatsClient
+    # Opens a fresh NATS connection; the relay owns it and closes it on any failure.
+    connect: Connect
     batch_size: int = 200
     publish_timeout_s: float = 5.0
+    max_backoff_s: float = 2.0
+    _nc: NatsClient | None = field(default=None, init=False, repr=False)
 
-    async def prepare(self) -> None:
-        await declare(self.nc.jetstream(), events_stream())
+    async def prepare(self) -> NatsClient:
+        """Connect if not connected, and declare the stream on every new connection."""
+        if self._nc is not None and self._nc.is_connected:
+            return self._nc
+        await self.close()
+        nc = await self.connect()
+        try:
+            await declare(nc.jetstream(timeout=self.publish_timeout_s), events_stream())
+        except BaseException:
+            await _close(nc)
+            raise
+        self._nc = nc
+        return nc
+
+    async def close(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            await _close(nc)
 
     async def relay_once(self) -> int:
-        """Publish one batch. Returns how many events were marked sent."""
-        js = self.nc.jetstream(timeout=self.publish_timeout_s)
+        """Publish one batch. Returns how many events were marked sent.
+
+        A publish failure ends the batch: the events JetStream acknowledged are marked
+        and committed, the rest stay unsent, the connection is dropped, and the error
+        is raised for the caller to retry later.
+        """
+        js = (await self.prepare()).jetstream(timeout=self.publish_timeout_s)
+        failure: Exception | None = None
+        duplicates = 0
         async with self.sessions() as session, session.begin():
             locked = (
                 await session.execute(select(func.pg_try_advisory_xact_lock(_RELAY_LOCK_KEY)))
@@ -63,64 +133,93 @@ class OutboxRelay:
                     .limit(self.batch_size)
                 )
             ).all()
-            if not rows:
-                return 0
             sent: list[int] = []
             try:
                 for row in rows:
-                    await js.publish(
+                    ack = await js.publish(
                         row.subject,
                         json.dumps(row.envelope, separators=(",", ":")).encode(),
                         headers={"Nats-Msg-Id": str(row.id)},
                     )
                     sent.append(row.position)
-            finally:
-                # Whatever was acknowledged by JetStream is marked, even if a later
-                # publish in the batch failed; the rest waits for the next round.
-                if sent:
-                    await session.execute(
-                        update(OutboxEvent)
-                        .where(OutboxEvent.position.in_(sent))
-                        .values(sent_at=func.now())
-                    )
-            return len(sent)
+                    duplicates += bool(ack.duplicate)
+            except _BROKER_ERRORS as exc:
+                failure = exc
+            if sent:
+                await session.execute(
+                    update(OutboxEvent)
+                    .where(OutboxEvent.position.in_(sent))
+                    .values(sent_at=func.now())
+                )
+        logger.debug("published %d events", len(sent))
+        if duplicates:
+            logger.info("%d events were already on the stream (republished)", duplicates)
+        if failure is not None:
+            await self.close()
+            raise failure
+        return len(sent)
 
     async def run(self, stop: asyncio.Event, poll_interval_s: float) -> None:
-        backoff = poll_interval_s
-        while not stop.is_set():
-            try:
-                count = await self.relay_once()
-                backoff = poll_interval_s
-            except (NatsError, JetStreamError, TimeoutError, OSError) as exc:
-                logger.warning("publishing to JetStream failed (%s); retrying", type(exc).__name__)
-                count = 0
-                backoff = min(backoff * 2, 5.0)
-            if count == 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
+        """Relay until stop is set; every failure is retried with capped backoff."""
+        failures = 0
+        warned_at = 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    count = await self.relay_once()
+                except _RETRYABLE as exc:
+                    failures += 1
+                    # A warning when an outage starts and then once a minute, so a relay
+                    # stuck on one event stays visible without flooding the log.
+                    now = time.monotonic()
+                    log = logger.debug
+                    if failures == 1 or now - warned_at >= _WARN_EVERY_S:
+                        log, warned_at = logger.warning, now
+                    log(
+                        "relaying failed (%s: %s), %d in a row; retrying",
+                        type(exc).__name__,
+                        exc,
+                        failures,
+                    )
+                    delay = min(poll_interval_s * 2 ** min(failures, 10), self.max_backoff_s)
+                    await _wait(stop, delay * random.uniform(0.5, 1.0))
+                    continue
+                if failures:
+                    logger.info("relaying again after %d failed attempts", failures)
+                    failures = 0
+                if count < self.batch_size:
+                    await _wait(stop, poll_interval_s)
+        finally:
+            await self.close()
 
 
-async def connect_nats(url: str) -> NatsClient:
-    # Reconnect forever: an outage delays events, it must not kill the relay.
-    return await nats.connect(
-        url,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        allow_reconnect=True,
-        connect_timeout=2,
-    )
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def _close(nc: NatsClient) -> None:
+    # Every publish awaited its ack, so there is nothing to flush or drain.
+    with contextlib.suppress(*_BROKER_ERRORS):
+        await nc.close()
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
     from store.engine import make_engine, make_sessionmaker
 
     engine = make_engine(settings.database_url, pool_size=2)
-    nc = await connect_nats(settings.nats_url)
-    relay = OutboxRelay(make_sessionmaker(engine), nc, batch_size=settings.relay_batch_size)
+    relay = OutboxRelay(
+        make_sessionmaker(engine),
+        partial(connect_nats, settings.nats_url),
+        batch_size=settings.relay_batch_size,
+    )
+    logger.info("outbox relay starting against %s", _without_credentials(settings.nats_url))
     try:
-        await relay.prepare()
-        logger.info("outbox relay running against %s", settings.nats_url)
         await relay.run(stop, settings.relay_poll_interval_s)
     finally:
-        await nc.drain()
         await engine.dispose()
