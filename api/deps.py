@@ -44,6 +44,16 @@ async def _node_transaction(
         yield NodeRequest(session=session, node=node, state=state)
 
 
+async def _heartbeat_transaction(
+    state: State, authorization: Annotated[str | None, Header()] = None
+) -> AsyncIterator[NodeRequest]:
+    # The hot path: no node lock up front; the heartbeat takes it only when it
+    # has an event to emit (api/agent/heartbeat.py).
+    async with state.sessions() as session, session.begin():
+        node = await authenticate_node(session, authorization, serialize=False)
+        yield NodeRequest(session=session, node=node, state=state)
+
+
 def require_operator(
     state: State,
     x_modelforge_admin_token: Annotated[str | None, Header()] = None,
@@ -71,4 +81,5 @@ async def _admin_transaction(
 
 Transaction = Annotated[AsyncSession, Depends(_transaction, scope="function")]
 NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="function")]
+HeartbeatTransaction = Annotated[NodeRequest, Depends(_heartbeat_transaction, scope="function")]
 AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]

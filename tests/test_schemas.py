@@ -1,4 +1,4 @@
-"""Wire models: unknown fields refused everywhere, and the committed JSON Schema export is current."""
+"""Wire models refuse unknown fields everywhere; the committed JSON Schema export is current."""
 
 from __future__ import annotations
 

@@ -15,11 +15,14 @@ from api.liveness import LivenessThresholds, liveness_expression
 from schemas.admin import Liveness, NodeDetail, NodePatch, NodeSummary
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeEnablementChanged, NodeUpdated
+from store.locks import node_xact_lock
 from store.models import Gpu, Node, NodeCredential, NodeStream
 
 
 async def lock_node(session: AsyncSession, node_id: uuid.UUID) -> Node:
-    node = await session.get(Node, node_id, with_for_update=True)
+    # The event lock first (same order as agent requests), then the row.
+    await session.execute(select(node_xact_lock(node_id)))
+    node = await session.get(Node, node_id, with_for_update=True, populate_existing=True)
     if node is None:
         raise NotFound(f"node {node_id} does not exist")
     return node

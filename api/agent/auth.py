@@ -5,13 +5,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
 from api.errors import Forbidden, Unauthenticated
 from schemas.errors import ErrorCode
+from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
 
 
@@ -24,6 +26,8 @@ class AuthenticatedNode:
     capabilities: list[str]
     # Database clock at authentication: the server-received time of this request.
     received_at: datetime
+    # True once this transaction holds the node's event lock (store/locks.py).
+    serialized: bool
 
     def require_owns(self, claimed_node_id: uuid.UUID) -> None:
         if claimed_node_id != self.node_id:
@@ -43,13 +47,15 @@ def bearer_value(authorization: str | None) -> str:
     return value.strip()
 
 
-async def authenticate_node(session: AsyncSession, authorization: str | None) -> AuthenticatedNode:
-    presented = security.parse(security.NODE_CREDENTIAL_PREFIX, bearer_value(authorization))
-    if presented is None:
-        raise Unauthenticated(
-            "the value is not a node credential", code=ErrorCode.CREDENTIAL_MALFORMED
-        )
-    row = (
+async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None:
+    # A credential's node never changes, so reading it before the lock is safe.
+    await session.execute(
+        select(node_xact_lock(NodeCredential.node_id)).where(NodeCredential.id == credential_id)
+    )
+
+
+async def _load(session: AsyncSession, credential_id: uuid.UUID) -> Row[Any] | None:
+    return (
         await session.execute(
             select(
                 NodeCredential.digest,
@@ -60,14 +66,15 @@ async def authenticate_node(session: AsyncSession, authorization: str | None) ->
                 Node.agent_version,
                 Node.protocol_version,
                 Node.capabilities,
-                func.statement_timestamp(),
+                func.statement_timestamp().label("now"),
             )
             .join(Node, Node.id == NodeCredential.node_id)
-            .where(NodeCredential.id == presented.id)
+            .where(NodeCredential.id == credential_id)
         )
     ).one_or_none()
-    if not security.matches(presented.secret, row.digest if row else None) or row is None:
-        raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
+
+
+def _admit(row: Row[Any], credential_id: uuid.UUID, serialized: bool) -> AuthenticatedNode:
     if row.decommissioned_at is not None:
         raise Unauthenticated(
             "this node was decommissioned; its identity can never be used again",
@@ -79,9 +86,44 @@ async def authenticate_node(session: AsyncSession, authorization: str | None) ->
         raise Forbidden("this node is disabled by an operator", code=ErrorCode.NODE_DISABLED)
     return AuthenticatedNode(
         node_id=row.id,
-        credential_id=presented.id,
+        credential_id=credential_id,
         agent_version=row.agent_version,
         protocol_version=row.protocol_version,
         capabilities=list(row.capabilities),
-        received_at=row[8],
+        received_at=row.now,
+        serialized=serialized,
     )
+
+
+async def authenticate_node(
+    session: AsyncSession, authorization: str | None, *, serialize: bool = True
+) -> AuthenticatedNode:
+    """serialize=False skips the node lock; only for paths that usually emit nothing."""
+    presented = security.parse(security.NODE_CREDENTIAL_PREFIX, bearer_value(authorization))
+    if presented is None:
+        raise Unauthenticated(
+            "the value is not a node credential", code=ErrorCode.CREDENTIAL_MALFORMED
+        )
+    if serialize:
+        await _lock_node_of(session, presented.id)
+    row = await _load(session, presented.id)
+    if not security.matches(presented.secret, row.digest if row else None) or row is None:
+        raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
+    return _admit(row, presented.id, serialize)
+
+
+async def serialize(session: AsyncSession, node: AuthenticatedNode) -> AuthenticatedNode:
+    """Take the node lock late, then re-check the credential against fresh state.
+
+    The first check ran before the lock; a revocation or decommission may have
+    committed while we waited, and it must win.
+    """
+    if node.serialized:
+        return node
+    await _lock_node_of(session, node.credential_id)
+    row = await _load(session, node.credential_id)
+    if row is None:
+        raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
+    fresh = _admit(row, node.credential_id, serialized=True)
+    # Keep the original received_at: it is when the request arrived.
+    return AuthenticatedNode(**{**fresh.__dict__, "received_at": node.received_at})

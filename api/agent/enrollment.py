@@ -14,6 +14,7 @@ from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled
+from store.locks import node_xact_lock
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
 STREAMS = ("inventory", "telemetry")
@@ -49,7 +50,8 @@ async def _rebind(
             "this recovery token belongs to a different node identity",
             code=ErrorCode.IDENTITY_CONFLICT,
         )
-    node = await session.get(Node, token.node_id, with_for_update=True)
+    await session.execute(select(node_xact_lock(token.node_id)))
+    node = await session.get(Node, token.node_id, with_for_update=True, populate_existing=True)
     assert node is not None
     if node.decommissioned_at is not None:
         raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)

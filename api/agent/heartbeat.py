@@ -6,11 +6,19 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import audit, outbox
-from api.agent.auth import AuthenticatedNode
+from api.agent.auth import AuthenticatedNode, serialize
 from api.agent.protocol import require_supported
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
 from schemas.events import EventType, NodeAgentChanged
 from store.models import Node
+
+
+def _differs(node: AuthenticatedNode, request: HeartbeatRequest, capabilities: list[str]) -> bool:
+    return (
+        request.agent_version != node.agent_version
+        or request.protocol_version != node.protocol_version
+        or capabilities != sorted(set(node.capabilities))
+    )
 
 
 async def record_heartbeat(
@@ -23,11 +31,11 @@ async def record_heartbeat(
     node.require_owns(request.node_id)
     require_supported(request.protocol_version)
     capabilities = sorted(set(request.capabilities))
-    changed = (
-        request.agent_version != node.agent_version
-        or request.protocol_version != node.protocol_version
-        or capabilities != sorted(set(node.capabilities))
-    )
+    changed = _differs(node, request, capabilities)
+    if changed:
+        # An event is coming: take the node lock and decide again on fresh state.
+        node = await serialize(session, node)
+        changed = _differs(node, request, capabilities)
     values: dict[str, object] = {"last_heartbeat_at": node.received_at}
     if changed:
         values |= {

@@ -7,7 +7,7 @@ from fastapi import APIRouter, status
 from api.agent.enrollment import enroll
 from api.agent.heartbeat import record_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
-from api.deps import NodeTransaction, State, Transaction
+from api.deps import HeartbeatTransaction, NodeTransaction, State, Transaction
 from schemas.agent import (
     EnrollRequest,
     EnrollResponse,
@@ -32,7 +32,7 @@ async def enroll_node(body: EnrollRequest, session: Transaction, state: State) -
 
 
 @router.post("/heartbeat")
-async def heartbeat(body: HeartbeatRequest, request: NodeTransaction) -> HeartbeatResponse:
+async def heartbeat(body: HeartbeatRequest, request: HeartbeatTransaction) -> HeartbeatResponse:
     return await record_heartbeat(
         request.session,
         request.node,
