@@ -8,8 +8,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import ApiError
-from api.middleware.correlation import current_correlation_id
 from schemas.errors import ErrorBody, ErrorCode, FieldError
+from store.correlation import current_correlation_id
 
 _HTTP_CODES = {
     404: ErrorCode.NOT_FOUND,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from api.middleware.correlation import current_correlation_id
+from store.correlation import current_correlation_id
 
 
 class CorrelationIdFilter(logging.Filter):

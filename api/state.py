@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
-from api.liveness import LivenessThresholds
 from api.settings import ApiSettings
+from store.liveness import LivenessThresholds
 
 
 @dataclass

@@ -33,6 +33,7 @@ class EventType(StrEnum):
     NODE_CREDENTIAL_ROTATED = "node.credential.rotated"
     NODE_DECOMMISSIONED = "node.decommissioned"
     NODE_STREAM_NOT_APPLIED = "node.stream.not_applied"
+    NODE_LIVENESS_CHANGED = "node.liveness.changed"
     GPU_ADDED = "node.gpu.added"
     GPU_MISSING = "node.gpu.missing"
     GPU_RETURNED = "node.gpu.returned"
@@ -136,6 +137,18 @@ class StreamNotApplied(WireModel):
     received_at: datetime
 
 
+class LivenessChanged(WireModel):
+    """A recorded transition between online, stale and offline."""
+
+    node_id: uuid.UUID
+    previous: str
+    current: str
+    # Server-received time of the last heartbeat: what the decision was made from.
+    last_heartbeat_at: datetime | None
+    # "sweep" (a worker saw a threshold pass) or "heartbeat" (the node came back).
+    decided_by: Literal["sweep", "heartbeat"]
+
+
 class GpuEvent(WireModel):
     node_id: uuid.UUID
     gpu_uuid: str
@@ -158,6 +171,7 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.NODE_CREDENTIAL_ROTATED: CredentialRotatedEvent,
     EventType.NODE_DECOMMISSIONED: NodeDecommissioned,
     EventType.NODE_STREAM_NOT_APPLIED: StreamNotApplied,
+    EventType.NODE_LIVENESS_CHANGED: LivenessChanged,
     EventType.GPU_ADDED: GpuEvent,
     EventType.GPU_MISSING: GpuEvent,
     EventType.GPU_RETURNED: GpuEvent,

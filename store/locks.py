@@ -24,3 +24,8 @@ def node_xact_lock(node_id: uuid.UUID | QueryableAttribute[uuid.UUID]) -> Column
     """
     key = literal(str(node_id)) if isinstance(node_id, uuid.UUID) else cast(node_id, Text)
     return func.pg_advisory_xact_lock(_NAMESPACE, func.hashtext(key))
+
+
+def node_try_xact_lock(node_id: uuid.UUID) -> ColumnElement[bool]:
+    """Like node_xact_lock, but answers false at once when someone else holds it."""
+    return func.pg_try_advisory_xact_lock(_NAMESPACE, func.hashtext(literal(str(node_id))))

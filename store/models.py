@@ -71,6 +71,10 @@ class Node(Base):
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
     # Server-received time of the last accepted heartbeat: the only input to liveness.
     last_heartbeat_at: Mapped[datetime | None]
+    # Recorded liveness (online/stale/offline) as last decided by a sweep or a
+    # heartbeat; transitions are events. Reads still compute it from the timestamp.
+    liveness: Mapped[str] = mapped_column(String(16), server_default=text("'offline'"))
+    liveness_changed_at: Mapped[datetime | None]
     decommissioned_at: Mapped[datetime | None]
     decommission_reason: Mapped[str | None] = mapped_column(String(500))
 

@@ -937,6 +937,13 @@ def test_audit_log_queries(api: RunningApi) -> None:
 def test_plain_heartbeats_write_no_audit_or_events(api: RunningApi, database_url: str) -> None:
     with api.client() as client:
         node = enroll(client, api)
+        # The first heartbeat is a change: the node comes online (recorded once).
+        ok(beat(client, node))
+        online = audit(client, api, action="node.liveness.changed")
+        assert [(r["details"]["previous"], r["details"]["current"]) for r in online] == [
+            ("offline", "online")
+        ]
+        assert online[0]["details"]["decided_by"] == "heartbeat"
         audit_before = audit_count(client, api)
         events_before = outbox_count(database_url)
         for _ in range(20):

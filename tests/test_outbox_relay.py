@@ -45,7 +45,7 @@ from workers.relay import OutboxRelay, connect_nats
 ROOT = Path(__file__).resolve().parent.parent
 # Events one node_story() produces: token.created, node.enrolled, 2 x gpu.added,
 # node.agent.changed, node.updated, gpu.changed, gpu.missing, gpu.returned.
-EVENTS_PER_STORY = 9
+EVENTS_PER_STORY = 10
 
 
 # --- database and stream ---------------------------------------------------------------
@@ -183,7 +183,7 @@ async def node_story(client: httpx.AsyncClient, api: RunningApi, name: str) -> s
     steps: list[tuple[str, str, dict[str, Any]]] = [
         # 2 x gpu.added
         ("PUT", INVENTORY, inventory(node_id, 1, [first, second], name)),
-        # node.agent.changed
+        # node.agent.changed, node.liveness.changed (first heartbeat: online)
         ("POST", HEARTBEAT, heartbeat_body(node_id, agent_version="1.1.0")),
         # node.updated (hostname), gpu.changed (driver), gpu.missing (the second GPU)
         ("PUT", INVENTORY, inventory(node_id, 2, [upgraded], f"{name}-renamed")),

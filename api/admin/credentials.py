@@ -7,11 +7,12 @@ import uuid
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox, security
+from api import security
 from api.admin.nodes import lock_node, require_not_terminal
 from api.admin.tokens import db_now
 from schemas.admin import CredentialRevoked, CredentialRotated
 from schemas.events import CredentialRevokedEvent, CredentialRotatedEvent, EventType
+from store import audit, outbox
 from store.models import NodeCredential
 
 

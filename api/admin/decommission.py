@@ -7,15 +7,15 @@ import uuid
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox
 from api.admin.credentials import revoke_active
 from api.admin.nodes import lock_node, require_not_terminal
 from api.admin.tokens import db_now
 from api.errors import Conflict, NotFound
-from api.liveness import LivenessThresholds, liveness_expression
 from schemas.admin import DecommissionPreview, DecommissionRequest, DecommissionResult, Liveness
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeDecommissioned
+from store import audit, outbox
+from store.liveness import LivenessThresholds, liveness_expression
 from store.models import EnrollmentToken, Gpu, Node, NodeCredential
 
 

@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox
 from api.admin.views import node_detail, node_summary
 from api.errors import Conflict, NotFound
-from api.liveness import LivenessThresholds, liveness_expression
 from schemas.admin import Liveness, NodeDetail, NodePatch, NodeSummary
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeEnablementChanged, NodeUpdated
+from store import audit, outbox
+from store.liveness import LivenessThresholds, liveness_expression
 from store.locks import node_xact_lock
 from store.models import Gpu, Node, NodeCredential, NodeStream
 

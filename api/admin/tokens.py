@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, func, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox, security
+from api import security
 from api.errors import Conflict, NotFound
 from schemas.admin import (
     CreateEnrollmentToken,
@@ -18,6 +18,7 @@ from schemas.admin import (
 )
 from schemas.errors import ErrorCode
 from schemas.events import EventType, TokenCreated, TokenRevoked
+from store import audit, outbox
 from store.models import EnrollmentToken, Node
 
 

@@ -24,6 +24,8 @@ class AuthenticatedNode:
     agent_version: str
     protocol_version: int
     capabilities: list[str]
+    # Recorded liveness (store/liveness.py), not the computed one.
+    liveness: str
     # Database clock at authentication: the server-received time of this request.
     received_at: datetime
     # True once this transaction holds the node's event lock (store/locks.py).
@@ -66,6 +68,7 @@ async def _load(session: AsyncSession, credential_id: uuid.UUID) -> Row[Any] | N
                 Node.agent_version,
                 Node.protocol_version,
                 Node.capabilities,
+                Node.liveness,
                 func.statement_timestamp().label("now"),
             )
             .join(Node, Node.id == NodeCredential.node_id)
@@ -90,6 +93,7 @@ def _admit(row: Row[Any], credential_id: uuid.UUID, serialized: bool) -> Authent
         agent_version=row.agent_version,
         protocol_version=row.protocol_version,
         capabilities=list(row.capabilities),
+        liveness=row.liveness,
         received_at=row.now,
         serialized=serialized,
     )

@@ -8,12 +8,13 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox, security
+from api import security
 from api.agent.protocol import require_supported
 from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled
+from store import audit, outbox
 from store.locks import node_xact_lock
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 

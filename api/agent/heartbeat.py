@@ -5,12 +5,16 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox
 from api.agent.auth import AuthenticatedNode, serialize
 from api.agent.protocol import require_supported
+from schemas.admin import Liveness
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
 from schemas.events import EventType, NodeAgentChanged
+from store import audit, outbox
+from store.liveness import record_transition
 from store.models import Node
+
+ONLINE = Liveness.ONLINE.value
 
 
 def _differs(node: AuthenticatedNode, request: HeartbeatRequest, capabilities: list[str]) -> bool:
@@ -31,11 +35,10 @@ async def record_heartbeat(
     node.require_owns(request.node_id)
     require_supported(request.protocol_version)
     capabilities = sorted(set(request.capabilities))
-    changed = _differs(node, request, capabilities)
-    if changed:
+    if _differs(node, request, capabilities) or node.liveness != ONLINE:
         # An event is coming: take the node lock and decide again on fresh state.
         node = await serialize(session, node)
-        changed = _differs(node, request, capabilities)
+    changed = _differs(node, request, capabilities)
     values: dict[str, object] = {"last_heartbeat_at": node.received_at}
     if changed:
         values |= {
@@ -45,6 +48,17 @@ async def record_heartbeat(
             "updated_at": node.received_at,
         }
     await session.execute(update(Node).where(Node.id == node.node_id).values(**values))
+    if node.liveness != ONLINE:
+        # Back (or here for the first time): recorded now, not at the next sweep.
+        await record_transition(
+            session,
+            node_id=node.node_id,
+            previous=node.liveness,
+            current=ONLINE,
+            last_heartbeat_at=node.received_at,
+            decided_by="heartbeat",
+            at=node.received_at,
+        )
     if changed:
         change = NodeAgentChanged(
             node_id=node.node_id,

@@ -8,7 +8,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import outbox
 from api.agent.auth import AuthenticatedNode
 from api.agent.inventory import reconcile_gpus
 from api.agent.ordering import Decision, decide
@@ -16,6 +15,7 @@ from api.errors import Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied
+from store import outbox
 from store.models import NodeStream
 
 

@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import audit, outbox
 from api.agent.auth import AuthenticatedNode
 from schemas.agent import GpuInventory, InventoryReport
 from schemas.events import EventType, GpuEvent, NodeUpdated
+from store import audit, outbox
 from store.models import Gpu, Node
 
 _MUTABLE_FACTS = (

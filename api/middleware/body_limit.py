@@ -7,8 +7,8 @@ import json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.middleware.correlation import current_correlation_id
 from schemas.errors import ErrorBody, ErrorCode
+from store.correlation import current_correlation_id
 
 
 class BodyTooLarge(HTTPException):

@@ -6,22 +6,16 @@ import json
 import logging
 import re
 import uuid
-from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.errors import ErrorBody, ErrorCode
+from store.correlation import correlation_id_var
 
 HEADER = "x-correlation-id"
 _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-correlation_id_var: ContextVar[str | None] = ContextVar("modelforge_correlation_id", default=None)
-
 logger = logging.getLogger("modelforge.api")
-
-
-def current_correlation_id() -> str | None:
-    return correlation_id_var.get()
 
 
 def _incoming(scope: Scope) -> str | None:

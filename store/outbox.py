@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.middleware.correlation import current_correlation_id
 from schemas.base import WireModel
 from schemas.events import EVENT_PAYLOADS, CloudEvent, EventType
+from store.correlation import current_correlation_id
 from store.models import OutboxEvent
 
 

@@ -6,10 +6,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.middleware.correlation import current_correlation_id
+from store.correlation import current_correlation_id
 from store.models import AuditEntry
 
 OPERATOR = "operator"
+# Decisions the control plane makes by itself (liveness sweeps).
+SYSTEM = "system"
 
 
 def node_actor(node_id: object) -> str:

@@ -1,0 +1,100 @@
+"""Liveness sweep: record online -> stale -> offline transitions as their thresholds pass.
+
+Safe with any number of concurrent sweepers: candidate rows are claimed with
+FOR UPDATE SKIP LOCKED, each node's event lock is only *tried* (a node busy with a
+request is simply left for the next sweep), and the decision is re-made under the
+lock from fresh state, so a transition is recorded once. Disabled and decommissioned
+nodes are never touched.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import and_, func, select, true
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from store.liveness import LivenessThresholds, liveness_expression, record_transition
+from store.locks import node_try_xact_lock
+from store.models import Node
+
+
+@dataclass(frozen=True)
+class Transition:
+    node_id: str
+    previous: str
+    current: str
+
+
+async def _sweep_batch(
+    session: AsyncSession, thresholds: LivenessThresholds, batch_size: int, after: uuid.UUID | None
+) -> tuple[list[uuid.UUID], list[Transition]]:
+    computed = liveness_expression(thresholds)
+    candidates = (
+        (
+            await session.execute(
+                select(Node.id)
+                .where(
+                    and_(
+                        Node.enabled.is_(True),
+                        Node.decommissioned_at.is_(None),
+                        Node.liveness != computed,
+                        Node.id > after if after is not None else true(),
+                    )
+                )
+                .order_by(Node.id)
+                .limit(batch_size)
+                .with_for_update(skip_locked=True, of=Node)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    transitions: list[Transition] = []
+    for node_id in candidates:
+        if not (await session.execute(select(node_try_xact_lock(node_id)))).scalar_one():
+            continue
+        row = (
+            await session.execute(
+                select(
+                    Node.liveness,
+                    Node.last_heartbeat_at,
+                    Node.enabled,
+                    Node.decommissioned_at,
+                    computed.label("computed"),
+                    func.statement_timestamp().label("now"),
+                ).where(Node.id == node_id)
+            )
+        ).one()
+        if not row.enabled or row.decommissioned_at is not None or row.liveness == row.computed:
+            continue
+        await record_transition(
+            session,
+            node_id=node_id,
+            previous=row.liveness,
+            current=row.computed,
+            last_heartbeat_at=row.last_heartbeat_at,
+            decided_by="sweep",
+            at=row.now,
+        )
+        transitions.append(Transition(str(node_id), row.liveness, row.computed))
+    return list(candidates), transitions
+
+
+async def sweep(
+    sessions: async_sessionmaker[AsyncSession],
+    thresholds: LivenessThresholds,
+    *,
+    batch_size: int = 100,
+) -> list[Transition]:
+    """Record every due transition; each batch commits on its own (keyset by node id)."""
+    done: list[Transition] = []
+    after: uuid.UUID | None = None
+    while True:
+        async with sessions() as session, session.begin():
+            candidates, batch = await _sweep_batch(session, thresholds, batch_size, after)
+        done += batch
+        if len(candidates) < batch_size:
+            return done
+        after = candidates[-1]
