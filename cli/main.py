@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -76,6 +77,37 @@ def _schemas_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _events_tail(args: argparse.Namespace) -> int:
+    import json
+
+    from broker.settings import NatsSettings
+    from broker.tail import TailOptions, tail
+    from schemas.events import EventType, subject_filter
+
+    event_type = EventType(args.type) if args.type else None
+    options = TailOptions(
+        subject=subject_filter(args.node, event_type),
+        from_start=args.from_start,
+        limit=args.limit,
+        idle_exit_s=args.idle_exit,
+    )
+
+    def emit(event: dict[str, object]) -> None:
+        print(json.dumps(event, separators=(",", ":")), flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(tail(NatsSettings().nats_url, options, emit))
+    return 0
+
+
+def _events_catalog(args: argparse.Namespace) -> int:
+    from schemas.catalog import render
+
+    Path(args.file).write_text(render())
+    print(f"wrote the event catalog to {args.file}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelforge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -96,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     export = schema_commands.add_parser("export", help="write JSON Schema for every wire model")
     export.add_argument("directory")
     export.set_defaults(handler=_schemas_export)
+    events = commands.add_parser("events", help="node events on JetStream")
+    event_commands = events.add_subparsers(dest="events_command", required=True)
+    tail = event_commands.add_parser("tail", help="print events as JSON lines")
+    tail.add_argument("--node", help="only this node id")
+    tail.add_argument("--type", help="only this event type, e.g. node.gpu.missing")
+    tail.add_argument("--from-start", action="store_true", help="replay the whole stream first")
+    tail.add_argument("--limit", type=int, help="exit after this many events")
+    tail.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    tail.set_defaults(handler=_events_tail)
+    catalog = event_commands.add_parser("catalog", help="write the event catalog (Markdown)")
+    catalog.add_argument("file")
+    catalog.set_defaults(handler=_events_catalog)
     return parser
 
 

@@ -48,6 +48,16 @@ class EventType(StrEnum):
         return f"{SUBJECT_PREFIX}.{kind}.{target_id}.{rest}"
 
 
+def subject_filter(node_id: str | None = None, event_type: EventType | None = None) -> str:
+    """The NATS subject filter for one node, one event type, both, or everything."""
+    if event_type is None:
+        return f"{SUBJECT_PREFIX}.node.{node_id}.>" if node_id else f"{SUBJECT_PREFIX}.>"
+    kind, _, rest = event_type.value.partition(".")
+    if node_id and kind != "node":
+        raise ValueError(f"{event_type.value} events are not about a node")
+    return f"{SUBJECT_PREFIX}.{kind}.{node_id or '*'}.{rest}"
+
+
 class CloudEvent(WireModel):
     """Structured-mode CloudEvents 1.0 JSON, exactly as it sits on the stream."""
 
@@ -158,6 +168,25 @@ class GpuEvent(WireModel):
     # Field -> [old, new], only for node.gpu.changed.
     changes: dict[str, list[Any]] = Field(default_factory=dict)
 
+
+EVENT_MEANINGS: dict[EventType, str] = {
+    EventType.TOKEN_CREATED: "an operator created an enrollment token",
+    EventType.TOKEN_REVOKED: "an enrollment token was revoked before use",
+    EventType.NODE_ENROLLED: "a token became a node identity (or re-bound one)",
+    EventType.NODE_UPDATED: "display name, labels or hostname changed",
+    EventType.NODE_DISABLED: "an operator disabled the node; its agent is refused",
+    EventType.NODE_ENABLED: "an operator enabled the node again",
+    EventType.NODE_AGENT_CHANGED: "agent version, protocol version or capabilities changed",
+    EventType.NODE_CREDENTIAL_REVOKED: "credentials were revoked",
+    EventType.NODE_CREDENTIAL_ROTATED: "the credential was replaced",
+    EventType.NODE_DECOMMISSIONED: "terminal: the identity is refused everywhere, forever",
+    EventType.NODE_STREAM_NOT_APPLIED: "an inventory/telemetry sample was not applied (clock)",
+    EventType.NODE_LIVENESS_CHANGED: "online, stale or offline, from server-received time",
+    EventType.GPU_ADDED: "a GPU UUID was seen on the node for the first time",
+    EventType.GPU_MISSING: "a complete inventory omitted a known GPU",
+    EventType.GPU_RETURNED: "a missing GPU was reported again",
+    EventType.GPU_CHANGED: "index, PCI bus id, name, memory or versions changed",
+}
 
 EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.TOKEN_CREATED: TokenCreated,
