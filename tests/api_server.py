@@ -62,6 +62,9 @@ def start_api(settings: ApiSettings) -> RunningApi:
         log_config=None,
         access_log=False,
         lifespan="on",
+        # Longer than any pause in a test: a pooled connection closed by the server
+        # at the instant a client reuses it surfaces as a spurious ReadError.
+        timeout_keep_alive=120,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
