@@ -37,20 +37,20 @@ async def test_concurrent_agent_changes_form_one_chain(api: RunningApi, database
         node = enroll(client, api)
         # GPUs give the inventories something to emit while the heartbeats race.
         gpus = [gpu(i) for i in range(4)]
-    async with api.async_client() as client:
+    async with api.async_client() as http:
         for round_number in range(3):
             go = asyncio.Event()
 
             async def beat(version: str, go: asyncio.Event = go) -> int:
                 await go.wait()
                 body = heartbeat_body(node.node_id, agent_version=version)
-                response = await client.post(HEARTBEAT, json=body, headers=node.headers)
+                response = await http.post(HEARTBEAT, json=body, headers=node.headers)
                 return response.status_code
 
             async def report(sequence: int, go: asyncio.Event = go) -> int:
                 await go.wait()
                 body = inventory_body(node.node_id, sequence, gpus=gpus[: sequence % 4 + 1])
-                response = await client.put(INVENTORY, json=body, headers=node.headers)
+                response = await http.put(INVENTORY, json=body, headers=node.headers)
                 return response.status_code
 
             tasks = [asyncio.create_task(beat(f"2.{round_number}.{i}")) for i in range(12)]
