@@ -1,0 +1,93 @@
+"""Idempotent stream and consumer declarations (create, or bring to this configuration).
+
+Only features nats-server 2.9 has are used: one filter subject per consumer, nak
+with delay, Nats-Msg-Id dedupe, purge by subject, MSG.GET with next_by_subj.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    ReplayPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+from broker.jetstream.names import Names
+from broker.jetstream.settings import BrokerSettings
+
+
+def tasks_stream_config(names: Names, settings: BrokerSettings) -> StreamConfig:
+    # Work-queue retention: a message leaves the stream when acked, and the server
+    # refuses a second consumer on the same subject, so a queue has exactly one
+    # durable consumer which all worker processes share.
+    return StreamConfig(
+        name=names.tasks_stream,
+        subjects=[names.tasks_subjects],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=settings.dedupe_window_s,
+        num_replicas=settings.replicas,
+    )
+
+
+def dead_letter_stream_config(names: Names, settings: BrokerSettings) -> StreamConfig:
+    # Limits retention: dead letters stay until replayed, deleted, purged or aged out.
+    return StreamConfig(
+        name=names.dead_letter_stream,
+        subjects=[names.dead_letter_subjects],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_age=settings.dead_letter_max_age_s,
+        duplicate_window=settings.dedupe_window_s,
+        num_replicas=settings.replicas,
+    )
+
+
+def queue_consumer_config(
+    names: Names, settings: BrokerSettings, queue_name: str
+) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=names.durable(queue_name),
+        filter_subject=names.task_subject(queue_name),
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=settings.ack_wait_s,
+        # Unlimited on the server: a message that hit a server-side max_deliver would
+        # sit in the work queue undelivered and unreported. The consumer enforces
+        # settings.max_deliveries itself and dead-letters instead (see intake.py).
+        max_deliver=-1,
+        max_ack_pending=settings.max_ack_pending,
+        replay_policy=ReplayPolicy.INSTANT,
+    )
+
+
+async def declare_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    if config.name is None:
+        raise ValueError("stream config without a name")
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    await js.update_stream(config)
+
+
+async def declare_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    # The legacy DURABLE.CREATE call creates the consumer, returns it unchanged when the
+    # configuration is equal, and applies editable fields (ack_wait, max_ack_pending...)
+    # when they differ, on 2.9 as on 2.10+.
+    await js.add_consumer(stream, config)
+
+
+async def declare_streams(js: JetStreamContext, names: Names, settings: BrokerSettings) -> None:
+    await declare_stream(js, tasks_stream_config(names, settings))
+    await declare_stream(js, dead_letter_stream_config(names, settings))
