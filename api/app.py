@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
+from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.middleware.access_log import AccessLogMiddleware
@@ -31,12 +32,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 "every /api/v1/admin route will answer 403"
             )
         engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
+        broker = BrokerLink(settings.nats_url)
         app.state.modelforge = ApiState(
-            settings=settings, engine=engine, sessions=make_sessionmaker(engine)
+            settings=settings,
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            broker=broker,
         )
         try:
             yield
         finally:
+            await broker.close()
             await engine.dispose()
 
     app = FastAPI(

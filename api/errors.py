@@ -44,3 +44,10 @@ class Conflict(ApiError):
 
     status_code = 409
     default_code = ErrorCode.STATE_CONFLICT
+
+
+class ServiceUnavailable(ApiError):
+    """503: a dependency (NATS for dead letters) cannot be reached right now."""
+
+    status_code = 503
+    default_code = ErrorCode.BROKER_UNAVAILABLE

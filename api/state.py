@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
+from api.broker_link import BrokerLink
 from api.settings import ApiSettings
+from broker.jetstream.names import Names
 from store.liveness import LivenessThresholds
 
 
@@ -16,6 +18,11 @@ class ApiState:
     settings: ApiSettings
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    broker: BrokerLink
+
+    @property
+    def broker_names(self) -> Names:
+        return Names(self.settings.broker_namespace)
 
     @property
     def thresholds(self) -> LivenessThresholds:

@@ -197,3 +197,31 @@ class AuditQuery(WireModel):
     until: AwareDatetime | None = None
     before_id: int | None = None
     limit: Annotated[int, Field(ge=1, le=1000)] = 100
+
+
+class DeadLetterInfo(WireModel):
+    """A worker message that will not run again on its own."""
+
+    seq: int
+    queue: str
+    actor_name: str | None
+    message_id: str
+    # failed (retries exhausted), max_deliveries (crash loop) or undecodable.
+    reason: str
+    exception_type: str
+    error: str
+    retries: int
+    deliveries: int
+    failed_at: datetime
+
+
+class DeadLetterList(WireModel):
+    items: list[DeadLetterInfo]
+    # Pass as after_seq to read the next page.
+    next_seq: int | None
+
+
+class DeadLetterReplayed(WireModel):
+    seq: int
+    queue: str
+    message_id: str

@@ -40,8 +40,9 @@ class ErrorCode(StrEnum):
     IDENTITY_CONFLICT = "identity_conflict"
     NODE_TERMINAL = "node_terminal"
     STATE_CONFLICT = "state_conflict"
-    # 500
+    # 500 / 503
     INTERNAL_ERROR = "internal_error"
+    BROKER_UNAVAILABLE = "broker_unavailable"
 
 
 class FieldError(WireModel):

@@ -1,7 +1,7 @@
 """`modelforge up`: the one-command local stack.
 
 Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelforge api` and
-`modelforge relay` as child processes, supervised until Ctrl-C/SIGTERM or until one dies.
+`modelforge worker` as child processes, supervised until Ctrl-C/SIGTERM or until one dies.
 """
 
 from __future__ import annotations
@@ -175,12 +175,15 @@ class _Stack:
                 "MODELFORGE_HOST": host,
                 "MODELFORGE_PORT": str(port),
                 "PYTHONUNBUFFERED": "1",
+                # Worker metrics only when asked for: a fixed port could be taken here.
+                "MODELFORGE_METRICS_PORT": os.environ.get("MODELFORGE_METRICS_PORT", "0"),
             }
             # Registered before the children start so they stop before NATS and PostgreSQL.
             cleanup.callback(self._stop_children)
             if reservation is not None:
                 reservation.close()
-            for name in ("api", "relay"):
+            # The worker carries the outbox relay and the liveness sweeps.
+            for name in ("api", "worker"):
                 argv = [sys.executable, "-m", "cli.main", name]
                 self.children.append(_Child(name, start_process(argv, env=env)))
             base = f"http://{_client_host(host)}:{port}"
@@ -261,7 +264,7 @@ class _Stack:
         return 0
 
     def _stop_children(self) -> None:
-        # Reverse start order: the relay stops publishing before the API goes away.
+        # Reverse start order: the worker (and its relay) stops before the API goes away.
         for child in reversed(self.children):
             stop_process(child.proc, sig=signal.SIGTERM, timeout_s=CHILD_STOP_TIMEOUT_S)
 

@@ -772,6 +772,7 @@ def call_admin(
     concrete = path
     for name in ("node_id", "token_id"):
         concrete = concrete.replace("{" + name + "}", str(uuid.uuid4()))
+    concrete = concrete.replace("{seq}", "1")
     assert "{" not in concrete, path
     body: dict[str, Any] | None = {} if method in {"POST", "PUT", "PATCH"} else None
     return client.request(method, concrete, json=body, headers=headers)

@@ -301,7 +301,7 @@ def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
 
     tree = up.descendants()
     names = " ".join(" ".join(p.cmdline()) for p in tree)
-    assert "cli.main api" in names and "cli.main relay" in names
+    assert "cli.main api" in names and "cli.main worker" in names
     assert "postgres" in names and "nats-server" in names
 
     assert up.interrupt() == 0, up.output

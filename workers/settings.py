@@ -14,3 +14,22 @@ class RelaySettings(BaseSettings):
     relay_batch_size: int = Field(default=200, gt=0)
     relay_poll_interval_s: float = Field(default=0.2, gt=0)
     log_level: str = "INFO"
+
+
+class WorkerSettings(RelaySettings):
+    """`modelforge worker`: the actors, the liveness ticker and the outbox relay.
+
+    Broker settings (ack wait, retries, dead letters) are BrokerSettings, read beside it.
+    """
+
+    stale_after_s: float = Field(default=30.0, gt=0)
+    offline_after_s: float = Field(default=90.0, gt=0)
+    # How often a liveness sweep is scheduled: a transition lands within about this
+    # long after its threshold passes.
+    sweep_period_s: float = Field(default=0.5, gt=0)
+    db_pool_size: int = Field(default=5, gt=0)
+    # Prometheus metrics on this port (+ the process index with --processes N); 0: off.
+    metrics_port: int = Field(default=9464, ge=0, lt=65536)
+    metrics_host: str = "127.0.0.1"
+    # False: this worker runs actors only (e.g. scale the relay separately).
+    run_relay: bool = True

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, status
+from fastapi import APIRouter, Depends, Path, Query, status
 
-from api.admin import audit_log, credentials, decommission, nodes, tokens
+from api.admin import audit_log, credentials, dead_letters, decommission, nodes, tokens
 from api.deps import AdminTransaction, State, require_operator
 from schemas.admin import (
     AuditList,
@@ -15,6 +15,9 @@ from schemas.admin import (
     CreateEnrollmentToken,
     CredentialRevoked,
     CredentialRotated,
+    DeadLetterInfo,
+    DeadLetterList,
+    DeadLetterReplayed,
     DecommissionPreview,
     DecommissionRequest,
     DecommissionResult,
@@ -42,6 +45,7 @@ router = APIRouter(
     responses=_ERRORS,
 )
 NODES = "/hardware/nodes"
+DEAD_LETTERS = "/workers/dead-letters"
 TOKENS = "/hardware/enrollment-tokens"
 
 
@@ -127,3 +131,30 @@ async def query_audit(
     session: AdminTransaction, query: Annotated[AuditQuery, Query()]
 ) -> AuditList:
     return await audit_log.query_audit(session, query)
+
+
+@router.get(DEAD_LETTERS)
+async def list_dead_letters(
+    state: State,
+    queue: str | None = None,
+    after_seq: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> DeadLetterList:
+    return await dead_letters.list_dead_letters(
+        state.broker, state.broker_names, queue=queue, after_seq=after_seq, limit=limit
+    )
+
+
+@router.get(DEAD_LETTERS + "/{seq}")
+async def get_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> DeadLetterInfo:
+    return await dead_letters.get_dead_letter(state.broker, state.broker_names, seq)
+
+
+@router.post(DEAD_LETTERS + "/{seq}/replay")
+async def replay_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> DeadLetterReplayed:
+    return await dead_letters.replay(state.broker, state.broker_names, seq)
+
+
+@router.delete(DEAD_LETTERS + "/{seq}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> None:
+    await dead_letters.delete(state.broker, state.broker_names, seq)

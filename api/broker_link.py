@@ -1,0 +1,57 @@
+"""The API's NATS connection, for the few admin routes that manage the worker broker.
+
+Opened on first use, not at start-up: agent traffic and every other route work while
+NATS is down; only the dead-letter routes answer 503 then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+
+from api.errors import ServiceUnavailable
+
+
+class BrokerLink:
+    def __init__(self, nats_url: str, *, timeout_s: float = 5.0) -> None:
+        self._url = nats_url
+        self._timeout_s = timeout_s
+        self._nc: NatsClient | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    async def jetstream(self) -> JetStreamContext:
+        async with self._lock:
+            if self._nc is None or not self._nc.is_connected:
+                await self._close()
+                try:
+                    self._nc = await asyncio.wait_for(
+                        nats.connect(
+                            self._url,
+                            allow_reconnect=False,
+                            max_reconnect_attempts=1,
+                            connect_timeout=self._timeout_s,
+                            name="modelforge-api",
+                        ),
+                        self._timeout_s * 2,
+                    )
+                except (OSError, TimeoutError, nats.errors.Error) as exc:
+                    raise ServiceUnavailable(
+                        f"NATS is unreachable ({type(exc).__name__})"
+                    ) from None
+            return self._nc.jetstream(timeout=self._timeout_s)
+
+    async def _close(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            await nc.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close()

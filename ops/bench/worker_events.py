@@ -1,0 +1,188 @@
+"""Worker throughput (1 vs 2 processes) and heartbeat-stop -> offline-event delay.
+
+    python ops/bench/worker_events.py [--nodes 300 --rounds 3]
+
+Starts embedded PostgreSQL and nats-server, the API and `modelforge worker` processes.
+
+* Throughput: N online nodes are aged past the offline threshold in one UPDATE; the
+  clock runs until every node's liveness.changed event reached a JetStream consumer
+  (sweep + audit + outbox + relay + publish). Measured with one worker process, then
+  two, in the same run; the ratio is what to compare (the machine is shared).
+* Delay: nodes heartbeat once and stop; for each, how long after its offline threshold
+  (server-received heartbeat time + offline_after_s) the offline event reached the
+  consumer. Bounded by the sweep period plus relay polling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import asyncpg
+import nats
+from nats.js.api import DeliverPolicy
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database, enrollment)
+
+STALE_S = 5.0
+OFFLINE_S = 10.0
+SWEEP_PERIOD_S = 0.5
+LIVENESS_SUBJECT = "modelforge.v1.node.*.liveness.changed"
+
+
+@contextlib.contextmanager
+def workers(count: int, env: dict[str, str], workdir: Path) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for i in range(count):
+            log = workdir / f"worker-{count}-{i}.log"
+            argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "4"]
+            stack.enter_context(hb.child(argv, env | {"MODELFORGE_METRICS_PORT": "0"}, log))
+        time.sleep(3)  # boot: connect, declare, open the database
+        yield
+
+
+async def offline_events(nats_url: str, want: set[str], timeout_s: float) -> dict[str, float]:
+    """node id -> arrival time (monotonic) of its next offline event."""
+    nc = await nats.connect(nats_url)
+    arrived: dict[str, float] = {}
+    try:
+        sub = await nc.jetstream().subscribe(
+            LIVENESS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW
+        )
+        deadline = time.monotonic() + timeout_s
+        while want - arrived.keys() and time.monotonic() < deadline:
+            with contextlib.suppress(nats.errors.TimeoutError):
+                message = await sub.next_msg(timeout=1)
+                event = json.loads(message.data)
+                if event["data"]["current"] == "offline" and event["nodeid"] in want:
+                    arrived.setdefault(event["nodeid"], time.monotonic())
+    finally:
+        await nc.close()
+    return arrived
+
+
+async def beat_all(api_url: str, nodes: list[hb.Node]) -> dict[str, datetime]:
+    """One heartbeat per node; node id -> server-received time."""
+    async with hb.async_client(api_url, 16) as client:
+        responses = await asyncio.gather(*(hb.send_heartbeat(client, n) for n in nodes))
+    for response in responses:
+        response.raise_for_status()
+    return {
+        n.node_id: datetime.fromisoformat(r.json()["received_at"])
+        for n, r in zip(nodes, responses, strict=True)
+    }
+
+
+async def throughput(api_url: str, nats_url: str, dsn: str, nodes: list[hb.Node]) -> float:
+    await beat_all(api_url, nodes)
+    await asyncio.sleep(SWEEP_PERIOD_S * 3)  # the online transitions settle first
+    want = {n.node_id for n in nodes}
+    listening = asyncio.create_task(offline_events(nats_url, want, 120))
+    await asyncio.sleep(0.5)
+    connection = await asyncpg.connect(dsn)
+    try:
+        started = time.monotonic()
+        await connection.execute(
+            "UPDATE nodes SET last_heartbeat_at = now() - interval '1 hour'"
+            " WHERE id = ANY($1::uuid[])",
+            list(want),
+        )
+    finally:
+        await connection.close()
+    arrived = await listening
+    if len(arrived) != len(want):
+        raise RuntimeError(f"only {len(arrived)} of {len(want)} offline events arrived")
+    return len(want) / (max(arrived.values()) - started)
+
+
+async def delays(api_url: str, nats_url: str, nodes: list[hb.Node]) -> list[float]:
+    listening = asyncio.create_task(offline_events(nats_url, {n.node_id for n in nodes}, 60))
+    await asyncio.sleep(0.5)
+    received = await beat_all(api_url, nodes)
+    wall_to_mono = time.monotonic() - time.time()
+    arrived = await listening
+    return [
+        arrived[node_id] - (at.timestamp() + OFFLINE_S + wall_to_mono)
+        for node_id, at in received.items()
+        if node_id in arrived
+    ]
+
+
+def run(args: argparse.Namespace, workdir: Path) -> None:
+    from stack.embedded_nats import EmbeddedNats
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hb.ROOT), env.get("PYTHONPATH")]))
+    admin_key = secrets.token_urlsafe(24)
+    with hb.database(workdir, True) as (database_url, where), EmbeddedNats(workdir / "nats") as js:
+        common = env | {
+            "MODELFORGE_DATABASE_URL": database_url,
+            "MODELFORGE_NATS_URL": js.url,
+            "MODELFORGE_STALE_AFTER_S": str(STALE_S),
+            "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
+            "MODELFORGE_SWEEP_PERIOD_S": str(SWEEP_PERIOD_S),
+            "MODELFORGE_LOG_LEVEL": "WARNING",
+        }
+        port = hb.free_port()
+        api_url = f"http://127.0.0.1:{port}"
+        api_env = common | {"MODELFORGE_OPERATOR_API_KEY": admin_key, "MODELFORGE_PORT": str(port)}
+        log = workdir / "api.log"
+        dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+        with hb.child([sys.executable, "-m", "cli.main", "api"], api_env, log) as api:
+            hb.wait_healthy("the API", api_url, api, log)
+            nodes = asyncio.run(hb.enroll_nodes(api_url, admin_key, args.nodes, 16))
+            rates: dict[int, list[float]] = {}
+            for count in (1, 2):
+                with workers(count, common, workdir):
+                    rates[count] = [
+                        asyncio.run(throughput(api_url, js.url, dsn, nodes))
+                        for _ in range(args.rounds)
+                    ]
+                    if count == 1:
+                        lag = asyncio.run(delays(api_url, js.url, nodes[:20]))
+    one, two = statistics.median(rates[1]), statistics.median(rates[2])
+    print(f"\n{args.nodes} nodes, {args.rounds} rounds each, {where}, {os.cpu_count()} CPUs shared")
+    for count, rate in ((1, one), (2, two)):
+        rounds = [round(r) for r in rates[count]]
+        print(f"liveness events/s, {count} worker process(es): {rate:8.0f}  (rounds {rounds})")
+    print(f"2 processes / 1 process: {two / one:.2f}x")
+    print(
+        f"heartbeat stop -> offline event at a consumer, after the {OFFLINE_S:g} s threshold"
+        f" (sweep period {SWEEP_PERIOD_S:g} s, {len(lag)} nodes):"
+        f" median {statistics.median(lag) * 1e3:.0f} ms, max {max(lag) * 1e3:.0f} ms"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-workers-"))
+    try:
+        run(args, workdir)
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        print(f"failed; logs are kept in {workdir}", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

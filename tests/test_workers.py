@@ -1,0 +1,236 @@
+"""`modelforge worker` processes on real PostgreSQL and NATS: shared load, crashes, dead letters."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+
+from broker.jetstream import BrokerSettings, build_broker
+from stack.embedded_nats import EmbeddedNats
+from stack.processes import start_process, stop_process
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
+
+STALE_S = 2.0
+OFFLINE_S = 4.0
+DEAD_LETTERS = "/api/v1/admin/workers/dead-letters"
+
+
+def _env(database_url: str, nats_url: str, namespace: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MODELFORGE_DATABASE_URL": database_url,
+        "MODELFORGE_NATS_URL": nats_url,
+        "MODELFORGE_NAMESPACE": namespace,
+        "MODELFORGE_STALE_AFTER_S": str(STALE_S),
+        "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
+        "MODELFORGE_SWEEP_PERIOD_S": "0.2",
+        "MODELFORGE_ACK_WAIT_S": "3",
+        "MODELFORGE_METRICS_PORT": "0",
+        "MODELFORGE_LOG_LEVEL": "INFO",
+    }
+
+
+class Workers:
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, count: int) -> None:
+        for _ in range(count):
+            log = self.log_dir / f"worker-{len(self.procs)}.log"
+            argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "2"]
+            self.procs.append(start_process(argv, env=self.env, log_path=log))
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.log_dir.glob("worker-*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            stop_process(proc, timeout_s=40)
+
+
+@pytest.fixture
+def workers(database_url: str, nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[Workers]:
+    running = Workers(_env(database_url, nats_server.url, f"t{uuid.uuid4().hex[:8]}"), tmp_path)
+    yield running
+    running.stop_all()
+
+
+def _api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
+    return api_factory(
+        stale_after_s=STALE_S,
+        offline_after_s=OFFLINE_S,
+        nats_url=workers.env["MODELFORGE_NATS_URL"],
+        broker_namespace=workers.env["MODELFORGE_NAMESPACE"],
+    )
+
+
+def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
+    with api.client() as client:
+        rows: list[dict[str, Any]] = []
+        before: int | None = None
+        while True:
+            params: dict[str, Any] = {"action": "node.liveness.changed", "limit": 1000}
+            if before is not None:
+                params["before_id"] = before
+            page = client.get(
+                "/api/v1/admin/audit", params=params, headers=api.admin_headers
+            ).json()
+            rows += page["items"]
+            before = page["next_before_id"]
+            if before is None:
+                break
+    by_node: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+    for row in sorted(rows, key=lambda r: r["id"]):
+        details = row["details"]
+        by_node[row["target_id"]].append(
+            (details["previous"], details["current"], details["decided_by"])
+        )
+    return by_node
+
+
+def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_three_workers_share_sweeps_and_survive_a_sigkill(
+    api_factory: ApiFactory, workers: Workers
+) -> None:
+    api = _api(api_factory, workers)
+    workers.start(3)
+    with api.client() as client:
+        nodes = [enroll(client, api, hostname=f"n{i}") for i in range(24)]
+        for i, node in enumerate(nodes):
+            # A third of the agents have clocks a year ahead: liveness must not care.
+            observed = (now() + timedelta(days=365)).isoformat() if i % 3 == 0 else None
+            body = heartbeat_body(node.node_id, observed_at=observed)
+            assert client.post(HEARTBEAT, json=body, headers=node.headers).status_code == 200
+    # Kill one worker mid-stream, while sweeps are due and running.
+    time.sleep(STALE_S + 0.3)
+    workers.procs[0].send_signal(signal.SIGKILL)
+    expected = [
+        ("offline", "online", "heartbeat"),
+        ("online", "stale", "sweep"),
+        ("stale", "offline", "sweep"),
+    ]
+
+    def all_offline() -> bool:
+        audit = _liveness_audit(api)
+        return all(len(audit[node.node_id]) >= 3 for node in nodes)
+
+    _wait_for(all_offline, 30, "every node to go offline")
+    # Let any late duplicate show itself before judging.
+    time.sleep(1.5)
+    audit = _liveness_audit(api)
+    for node in nodes:
+        assert audit[node.node_id] == expected, (node.node_id, audit[node.node_id])
+
+    # Nodes come back on their own heartbeat, once; the sweepers leave them alone.
+    with api.client() as client:
+        for node in nodes[:6]:
+            body = heartbeat_body(node.node_id)
+            assert client.post(HEARTBEAT, json=body, headers=node.headers).status_code == 200
+    time.sleep(1.0)
+    audit = _liveness_audit(api)
+    for node in nodes[:6]:
+        assert audit[node.node_id] == [*expected, ("offline", "online", "heartbeat")]
+    # The two survivors did the work (and the killed one did some before it died).
+    logs = workers.logs()
+    assert logs.count("-> offline") == len(nodes), logs[-3000:]
+
+
+@pytest.mark.slow
+def test_poison_message_is_dead_lettered_and_replayable(
+    api_factory: ApiFactory, workers: Workers
+) -> None:
+    api = _api(api_factory, workers)
+    workers.start(1)
+    settings = BrokerSettings(
+        nats_url=workers.env["MODELFORGE_NATS_URL"], namespace=workers.env["MODELFORGE_NAMESPACE"]
+    )
+    broker = build_broker(settings, client_name="test-producer")
+    try:
+        poison: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name="liveness",
+            actor_name="liveness_sweep",
+            args=("not-a-period",),
+            kwargs={},
+            options={"max_retries": 2, "min_backoff": 100, "max_backoff": 200},
+        )
+        broker.enqueue(poison)
+    finally:
+        broker.close()
+
+    def listed() -> list[dict[str, Any]]:
+        with api.client() as client:
+            response = client.get(DEAD_LETTERS, headers=api.admin_headers)
+            assert response.status_code == 200, response.text
+            items: list[dict[str, Any]] = response.json()["items"]
+            return items
+
+    _wait_for(lambda: len(listed()) == 1, 30, "the poison message in the dead-letter stream")
+    (entry,) = listed()
+    assert entry["message_id"] == poison.message_id
+    assert entry["actor_name"] == "liveness_sweep"
+    assert entry["reason"] == "failed"
+    assert entry["exception_type"] == "TypeError"
+    # dramatiq counts failed runs: the first run plus max_retries=2 retries.
+    assert entry["retries"] == 3
+    with api.client() as client:
+        one = client.get(f"{DEAD_LETTERS}/{entry['seq']}", headers=api.admin_headers)
+        assert one.status_code == 200 and one.json() == entry
+        replayed = client.post(f"{DEAD_LETTERS}/{entry['seq']}/replay", headers=api.admin_headers)
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.json()["queue"] == "liveness"
+        gone = client.get(f"{DEAD_LETTERS}/{entry['seq']}", headers=api.admin_headers)
+        assert gone.status_code == 404
+    # Replayed with a fresh retry budget: it runs (and fails) 3 more times, then returns.
+    _wait_for(lambda: len(listed()) == 1 and listed()[0]["seq"] != entry["seq"], 30, "the replay")
+    again = listed()[0]
+    assert again["message_id"] == poison.message_id and again["retries"] == 3
+    with api.client() as client:
+        deleted = client.delete(f"{DEAD_LETTERS}/{again['seq']}", headers=api.admin_headers)
+        assert deleted.status_code == 204
+        assert (
+            client.delete(f"{DEAD_LETTERS}/{again['seq']}", headers=api.admin_headers).status_code
+            == 404
+        )
+    assert listed() == []
+
+
+def test_dead_letter_routes_answer_503_while_nats_is_down(
+    api_factory: ApiFactory, workers: Workers, nats_server: EmbeddedNats
+) -> None:
+    api = _api(api_factory, workers)
+    nats_server.stop()
+    with api.client() as client:
+        response = client.get(DEAD_LETTERS, headers=api.admin_headers)
+        assert response.status_code == 503
+        assert response.json()["code"] == "broker_unavailable"
+        # Everything else still works without NATS.
+        node = enroll(client, api)
+        body = heartbeat_body(node.node_id)
+        assert client.post(HEARTBEAT, json=body, headers=node.headers).status_code == 200
+    nats_server.start()
+    with api.client() as client:
+        assert client.get(DEAD_LETTERS, headers=api.admin_headers).status_code == 200

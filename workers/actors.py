@@ -1,0 +1,47 @@
+"""The actors, declared on an explicit broker (no global broker, no import-time binding)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+
+from broker.jetstream import AsyncResource
+from store.liveness import LivenessThresholds
+from workers.database import Database
+from workers.liveness import sweep
+
+logger = logging.getLogger("modelforge.workers")
+
+LIVENESS_QUEUE = "liveness"
+
+
+@dataclass(frozen=True)
+class Actors:
+    liveness_sweep: dramatiq.Actor[Any, Any]
+
+
+def declare_actors(
+    broker: dramatiq.Broker, database: AsyncResource[Database], thresholds: LivenessThresholds
+) -> Actors:
+    @dramatiq.actor(
+        broker=broker,
+        actor_name="liveness_sweep",
+        queue_name=LIVENESS_QUEUE,
+        # A sweep is rescheduled every period anyway: retrying an old one is pointless.
+        max_retries=0,
+        time_limit=60_000,
+    )
+    async def liveness_sweep(bucket: int) -> None:
+        """Record every due liveness transition. Idempotent: decided from stored state."""
+        if not isinstance(bucket, int) or isinstance(bucket, bool):
+            # Only the ticker sends these; anything else is a malformed message and
+            # belongs in the dead-letter stream, not in a silent no-op.
+            raise TypeError(f"liveness_sweep expects the period number, got {bucket!r}")
+        transitions = await sweep(database.get().sessions, thresholds)
+        for t in transitions:
+            logger.info("node %s: %s -> %s", t.node_id, t.previous, t.current)
+
+    return Actors(liveness_sweep=liveness_sweep)

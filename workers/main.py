@@ -1,0 +1,109 @@
+"""`modelforge worker`: dramatiq workers on JetStream, as many processes as asked.
+
+One process: build the broker (ordered middleware in broker/jetstream/factory.py), open
+the shared database on the actors' loop, declare the actors, start the relay, the
+liveness ticker and the metrics endpoint, then run until SIGTERM/SIGINT and drain:
+in-flight actors finish and are acked, prefetched messages go back to the stream.
+
+Several processes: a supervisor starts that many children and restarts one that dies,
+like dramatiq's own CLI; every child shares the same durable consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import dramatiq
+from prometheus_client import CollectorRegistry, start_http_server
+
+from broker.jetstream import BrokerSettings, build_broker
+from stack.processes import start_process, stop_process
+from store.liveness import LivenessThresholds
+from workers.actors import declare_actors
+from workers.database import database_resource
+from workers.relay_middleware import OutboxRelayMiddleware
+from workers.settings import WorkerSettings
+from workers.ticker import PeriodicTicker
+
+logger = logging.getLogger("modelforge.workers")
+
+PROCESS_INDEX_ENV = "MODELFORGE_WORKER_PROCESS_INDEX"
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def run_worker_process(
+    settings: WorkerSettings, broker_settings: BrokerSettings, *, threads: int, index: int = 0
+) -> int:
+    stop = _stop_event()
+    registry = CollectorRegistry()
+    database = database_resource(settings.database_url, settings.db_pool_size)
+    broker = build_broker(
+        broker_settings,
+        registry=registry,
+        resources=[database],
+        client_name=f"modelforge-worker-{os.getpid()}",
+    )
+    if settings.run_relay:
+        broker.add_middleware(
+            OutboxRelayMiddleware(
+                database,
+                settings.nats_url,
+                batch_size=settings.relay_batch_size,
+                poll_interval_s=settings.relay_poll_interval_s,
+            )
+        )
+    thresholds = LivenessThresholds(settings.stale_after_s, settings.offline_after_s)
+    actors = declare_actors(broker, database, thresholds)
+    if settings.metrics_port:
+        port = settings.metrics_port + index
+        start_http_server(port, addr=settings.metrics_host, registry=registry)
+        logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    # As dramatiq's CLI does: some middleware (TimeLimit) starts its machinery here.
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(broker, worker_threads=threads)
+    worker.start()
+    ticker = PeriodicTicker(broker, actors.liveness_sweep, settings.sweep_period_s)
+    ticker.start()
+    logger.info("worker %d running (%d threads)", index, threads)
+    stop.wait()
+    logger.info("draining: in-flight work finishes, prefetched messages go back")
+    ticker.stop()
+    worker.stop(timeout=30_000)
+    broker.close()
+    logger.info("worker stopped")
+    return 0
+
+
+def supervise(processes: int, threads: int) -> int:
+    """Run `processes` single-process workers; restart any that dies; stop all on a signal."""
+    stop = _stop_event()
+
+    def spawn(index: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "cli.main", "worker", "--processes", "1"]
+        argv += ["--threads", str(threads)]
+        return start_process(argv, env={**os.environ, PROCESS_INDEX_ENV: str(index)})
+
+    children = {index: spawn(index) for index in range(processes)}
+    while not stop.wait(0.5):
+        for index, child in list(children.items()):
+            if child.poll() is not None:
+                logger.warning("worker %d exited with %s; restarting", index, child.returncode)
+                time.sleep(1)
+                children[index] = spawn(index)
+    for child in children.values():
+        child.send_signal(signal.SIGTERM)
+    for child in children.values():
+        stop_process(child, timeout_s=40)
+    return 0
