@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import ssl
+from typing import Any
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,6 +25,34 @@ class ApiSettings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
     log_level: str = "INFO"
+    # The worker broker's namespace (BrokerSettings.namespace): where the admin API
+    # finds the dead-letter stream.
+    broker_namespace: str = "modelforge"
+    # TLS with a private CA (ops/pki/mint.py): the server's certificate and key, and
+    # optionally the CA whose client certificates are then required of every client.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> ApiSettings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("set both MODELFORGE_TLS_CERT_FILE and MODELFORGE_TLS_KEY_FILE")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("MODELFORGE_TLS_CLIENT_CA_FILE needs the server certificate too")
+        return self
+
+    def uvicorn_tls(self) -> dict[str, Any]:
+        """uvicorn's TLS arguments; empty when TLS is off."""
+        if not self.tls_cert_file:
+            return {}
+        options: dict[str, Any] = {
+            "ssl_certfile": self.tls_cert_file,
+            "ssl_keyfile": self.tls_key_file,
+        }
+        if self.tls_client_ca_file:
+            options |= {"ssl_ca_certs": self.tls_client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        return options
 
     @property
     def admin_enabled(self) -> bool:

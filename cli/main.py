@@ -30,6 +30,7 @@ def _api(_: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         server_header=False,
+        **settings.uvicorn_tls(),
     )
     return 0
 
@@ -60,6 +61,22 @@ def _relay(_: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import os
+
+    from api.logging import configure_logging
+    from broker.jetstream import BrokerSettings
+    from workers.main import PROCESS_INDEX_ENV, run_worker_process, supervise
+    from workers.settings import WorkerSettings
+
+    settings = WorkerSettings()
+    configure_logging(settings.log_level)
+    if args.processes > 1:
+        return supervise(args.processes, args.threads)
+    index = int(os.environ.get(PROCESS_INDEX_ENV, "0"))
+    return run_worker_process(settings, BrokerSettings(), threads=args.threads, index=index)
 
 
 def _up(_: argparse.Namespace) -> int:
@@ -108,6 +125,47 @@ def _events_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from agent.cli import run_agent
+
+    return run_agent(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from agent.simulator import run_simulate
+
+    return run_simulate(args)
+
+
+def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    agent = add("agent", _agent, "run the node agent (outbound HTTPS only)")
+    agent.add_argument("--config", type=Path, help="YAML config (the tracked base)")
+    agent.add_argument("--config-override", type=Path, help="YAML merged over --config")
+    agent_commands = agent.add_subparsers(dest="agent_command")
+    install = agent_commands.add_parser(
+        "install-credential",
+        help="install a rotated credential (stdin or --file) into the agent's state dir",
+    )
+    install.add_argument("--state-dir", type=Path)
+    install.add_argument("--file", type=Path, help="read from this file instead of stdin")
+    install.add_argument("--config", dest="install_config", type=Path, help="for state_dir")
+    install.add_argument("--config-override", dest="install_override", type=Path)
+    sim = add("simulate", _simulate, "run N simulated agents in one process")
+    sim.add_argument("--nodes", type=int, default=10)
+    sim.add_argument("--api-url", default="http://127.0.0.1:8080")
+    sim.add_argument("--operator-key", help="default: MODELFORGE_OPERATOR_API_KEY")
+    sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
+    sim.add_argument("--heartbeat-interval", type=float, default=5.0)
+    sim.add_argument("--telemetry-interval", type=float, default=10.0)
+    sim.add_argument("--inventory-interval", type=float, default=60.0)
+    sim.add_argument("--gpus", type=int, default=2, help="simulated GPUs per node")
+    sim.add_argument("--concurrency", type=int, default=32, help="requests in flight at most")
+    sim.add_argument("--ca-bundle", type=Path)
+    sim.add_argument("--client-cert", type=Path)
+    sim.add_argument("--client-key", type=Path)
+    sim.add_argument("--log-level", default="WARNING")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelforge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("api", _api, "run the HTTP API (MODELFORGE_DATABASE_URL required)")
     add("migrate", _migrate, "bring the database schema to the latest revision")
     add("relay", _relay, "publish the transactional outbox to JetStream")
+    worker = add("worker", _worker, "run the dramatiq workers (liveness, relay, ...)")
+    worker.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
+    worker.add_argument("--threads", type=int, default=4, help="threads per process (default 4)")
+    _add_agent_commands(add)
     schemas = commands.add_parser("schemas", help="wire model tools")
     schema_commands = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schema_commands.add_parser("export", help="write JSON Schema for every wire model")

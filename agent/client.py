@@ -1,0 +1,284 @@
+"""ProtocolClient: the agent side of Node Agent Protocol v1 over httpx.
+
+Typed methods take and return the wire models of schemas/agent.py. Every failure is mapped
+once, here, to the hierarchy in agent/errors.py, by HTTP status and the error body's
+`code`; the body's other fields (message, details) are never read into an error, so
+nothing the server echoes can reach a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+from pydantic import ValidationError
+
+from agent import AGENT_VERSION
+from agent.diagnostics import classify_transport
+from agent.errors import (
+    Conflict,
+    FailureClass,
+    Refused,
+    Rejected,
+    RequestFailed,
+    Transient,
+)
+from schemas.admin import CreateEnrollmentToken, EnrollmentTokenCreated
+from schemas.agent import (
+    EnrollRequest,
+    EnrollResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    IngestResult,
+    InventoryReport,
+    TelemetryReport,
+)
+from schemas.base import WireModel
+from schemas.errors import ErrorCode
+
+logger = logging.getLogger("modelforge.agent.http")
+
+ENROLL = "/api/v1/agent/enroll"
+HEARTBEAT = "/api/v1/agent/heartbeat"
+INVENTORY = "/api/v1/agent/inventory"
+TELEMETRY = "/api/v1/agent/telemetry"
+TOKENS = "/api/v1/admin/hardware/enrollment-tokens"
+CORRELATION_HEADER = "X-Correlation-ID"
+ADMIN_HEADER = "X-ModelForge-Admin-Token"
+
+Answer = TypeVar("Answer", bound=WireModel)
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """Private-CA TLS: the CA bundle that signs the API's certificate, and optionally this
+    node's client certificate for APIs that require one."""
+
+    ca_bundle: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self.ca_bundle is not None:
+            context = ssl.create_default_context(cafile=str(self.ca_bundle))
+        else:
+            context = ssl.create_default_context()
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.client_cert is not None:
+            context.load_cert_chain(
+                str(self.client_cert), str(self.client_key) if self.client_key else None
+            )
+        return context
+
+
+def make_http_client(
+    api_url: str,
+    *,
+    tls: TlsOptions | None = None,
+    timeout_s: float = 10.0,
+    max_connections: int = 10,
+    trust_env: bool = True,
+) -> httpx.AsyncClient:
+    # Plain http (development) needs no TLS context, so no CA file has to exist for it.
+    secure = api_url.lower().startswith("https://")
+    return httpx.AsyncClient(
+        base_url=api_url.rstrip("/"),
+        verify=(tls or TlsOptions()).ssl_context() if secure else True,
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        ),
+        headers={"User-Agent": f"modelforge-agent/{AGENT_VERSION}"},
+        follow_redirects=False,
+        trust_env=trust_env,
+    )
+
+
+def _error_code(response: httpx.Response) -> tuple[ErrorCode | None, int | None]:
+    """The stable `code` of an error body and, for a replay, the server's cursor."""
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    raw_code = body.get("code")
+    code = None
+    if isinstance(raw_code, str) and raw_code in ErrorCode._value2member_map_:
+        code = ErrorCode(raw_code)
+    extra = body.get("extra")
+    cursor = extra.get("cursor") if isinstance(extra, dict) else None
+    return code, cursor if isinstance(cursor, int) and not isinstance(cursor, bool) else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 3600 else None
+
+
+def failure_from_response(
+    method: str, path: str, response: httpx.Response, correlation_id: str | None = None
+) -> RequestFailed:
+    status = response.status_code
+    code, cursor = _error_code(response)
+    kind: type[RequestFailed]
+    if status == 429 or status >= 500:
+        kind = Transient
+    elif status in (401, 403):
+        kind = Rejected
+    elif status == 409:
+        kind = Conflict
+    else:
+        kind = Refused
+    error = kind(
+        method=method,
+        path=path,
+        failure_class=FailureClass.HTTP,
+        status=status,
+        code=code,
+        # The server echoes ours; a proxy in between may not.
+        correlation_id=response.headers.get(CORRELATION_HEADER, correlation_id),
+        retry_after_s=_retry_after(response) if kind is Transient else None,
+    )
+    if isinstance(error, Conflict):
+        error.cursor = cursor
+    return error
+
+
+class ProtocolClient:
+    """One node's view of the protocol. `credential` is set after enrollment or a reload.
+
+    The httpx client may be shared by many ProtocolClients (the fleet simulator does);
+    the credential travels per request, never in the shared client's default headers.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        credential: str | None = None,
+        *,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> None:
+        self.http = http
+        self.credential = credential
+        # Bounds requests in flight across clients sharing it (the fleet simulator).
+        self.limiter = limiter
+
+    async def enroll(self, request: EnrollRequest) -> EnrollResponse:
+        return await self._call("POST", ENROLL, request, EnrollResponse, authenticated=False)
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        return await self._call("POST", HEARTBEAT, request, HeartbeatResponse)
+
+    async def put_inventory(self, report: InventoryReport) -> IngestResult:
+        return await self._call("PUT", INVENTORY, report, IngestResult)
+
+    async def put_telemetry(self, report: TelemetryReport) -> IngestResult:
+        return await self._call("PUT", TELEMETRY, report, IngestResult)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: WireModel,
+        answer: type[Answer],
+        *,
+        authenticated: bool = True,
+        extra_headers: dict[str, str] | None = None,
+    ) -> Answer:
+        correlation_id = f"agent-{uuid.uuid4().hex}"
+        headers = {"content-type": "application/json", CORRELATION_HEADER: correlation_id}
+        headers |= extra_headers or {}
+        if authenticated:
+            if not self.credential:
+                raise Rejected(
+                    method=method,
+                    path=path,
+                    failure_class=FailureClass.HTTP,
+                    code=ErrorCode.CREDENTIAL_MISSING,
+                    detail="no credential in the state dir",
+                )
+            headers["Authorization"] = f"Bearer {self.credential}"
+        started = time.monotonic()
+        try:
+            if self.limiter is None:
+                response = await self.http.request(
+                    method, path, content=body.model_dump_json(), headers=headers
+                )
+            else:
+                async with self.limiter:
+                    response = await self.http.request(
+                        method, path, content=body.model_dump_json(), headers=headers
+                    )
+        except httpx.TransportError as exc:
+            failure_class, detail = classify_transport(exc)
+            raise Transient(
+                method=method,
+                path=path,
+                failure_class=failure_class,
+                detail=detail,
+                correlation_id=correlation_id,
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise Transient(
+                method=method,
+                path=path,
+                failure_class=FailureClass.CONNECTION,
+                detail=type(exc).__name__,
+                correlation_id=correlation_id,
+            ) from exc
+        logger.debug(
+            "%s %s -> %d in %.0f ms (correlation_id=%s)",
+            method,
+            path,
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+            response.headers.get(CORRELATION_HEADER, correlation_id),
+        )
+        if not 200 <= response.status_code < 300:
+            raise failure_from_response(method, path, response, correlation_id)
+        try:
+            return answer.model_validate_json(response.content)
+        except ValidationError as exc:
+            # The input may contain the credential (enroll): report only where it failed.
+            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            raise Refused(
+                method=method,
+                path=path,
+                failure_class=FailureClass.RESPONSE,
+                status=response.status_code,
+                detail=f"unexpected answer; invalid fields: {', '.join(fields)[:200]}",
+                correlation_id=response.headers.get(CORRELATION_HEADER),
+            ) from None
+
+
+class OperatorClient(ProtocolClient):
+    """The few admin calls the fleet simulator makes (creating enrollment tokens)."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, operator_key: str, *, limiter: asyncio.Semaphore | None
+    ) -> None:
+        super().__init__(http, limiter=limiter)
+        self._operator_key = operator_key
+
+    async def create_token(self, request: CreateEnrollmentToken) -> EnrollmentTokenCreated:
+        return await self._call(
+            "POST",
+            TOKENS,
+            request,
+            EnrollmentTokenCreated,
+            authenticated=False,
+            extra_headers={ADMIN_HEADER: self._operator_key},
+        )

@@ -1,0 +1,416 @@
+"""The three publishing loops of one node: heartbeat, inventory and telemetry.
+
+* heartbeat: at the interval the server asks for (or the configured one);
+* inventory: at start, whenever a collection differs from the last one sent, and at least
+  every inventory_interval_s;
+* telemetry: every telemetry_interval_s.
+
+Each publication is retried by tenacity with exponential backoff and full jitter, for
+transient failures only (transport errors, 5xx, 429; Retry-After is honoured). Every
+attempt is built afresh: a new observation and a new sequence number, so a retry never
+replays a sequence even when the earlier attempt reached the server. A replayed sequence
+(409 sequence_replayed) means the local cursor is behind the server's (a restored state
+dir): the cursor jumps past the server's, is persisted, and the sample is sent again.
+
+401/403 and fatal 409s stop all three loops; `run` returns that error. Nothing is sent
+after the stop event is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol, cast
+
+from agent import AGENT_VERSION, CAPABILITIES
+from agent.client import ProtocolClient
+from agent.collectors.base import GpuCollector
+from agent.collectors.host import HostTelemetry
+from agent.diagnostics import failure_line
+from agent.errors import (
+    AgentError,
+    Conflict,
+    Rejected,
+    RejectionKind,
+    RequestFailed,
+    advice_for,
+    stops_publishing,
+)
+from agent.retry import Stopped, interruptible_sleep, retry_transient
+from agent.state import Sequences
+from schemas.agent import (
+    PROTOCOL_VERSION,
+    HeartbeatRequest,
+    HostFacts,
+    IngestResult,
+    InventoryReport,
+    TelemetryReport,
+)
+from schemas.errors import ErrorCode
+
+logger = logging.getLogger("modelforge.agent")
+
+DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+REPLAY_JUMPS = 3
+
+
+class HostSource(Protocol):
+    def facts(self) -> HostFacts: ...
+
+    def telemetry(self) -> HostTelemetry: ...
+
+
+@dataclass
+class Timing:
+    # None: follow the server (enroll and heartbeat answers carry the interval).
+    heartbeat_interval_s: float | None = None
+    telemetry_interval_s: float = 15.0
+    inventory_check_interval_s: float = 30.0
+    inventory_interval_s: float = 600.0
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 30.0
+
+
+@dataclass
+class Stats:
+    """What one publisher did; the fleet simulator adds them up."""
+
+    sent: Counter[str] = field(default_factory=Counter)
+    failures: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+
+class _Fatal(Exception):
+    def __init__(self, error: AgentError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+# Called with the rejection; True when a replacement credential was installed meanwhile.
+CredentialReload = Callable[[Rejected, int], Awaitable[bool]]
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        client: ProtocolClient,
+        node_id: uuid.UUID,
+        sequences: Sequences,
+        collector: GpuCollector,
+        host: HostSource,
+        timing: Timing,
+        server_heartbeat_interval_s: float | None = None,
+        reload_credential: CredentialReload | None = None,
+        name: str = "",
+        stats: Stats | None = None,
+        stagger_s: float = 0.0,
+    ) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.sequences = sequences
+        self.collector = collector
+        self.host = host
+        self.timing = timing
+        self.server_heartbeat_interval_s = server_heartbeat_interval_s
+        self.reload_credential = reload_credential
+        self.prefix = f"{name}: " if name else ""
+        self.stats = stats or Stats()
+        # Spread many publishers over this window instead of starting all at once.
+        self.stagger_s = stagger_s
+        # Bumped whenever the credential is replaced, so concurrent 401s reload once.
+        self.credential_generation = 0
+        self._stop = asyncio.Event()
+        self._not_applied: dict[str, str | None] = {}
+        # The last inventory sent (as JSON), when the next periodic one is due, and the
+        # last collection problem logged.
+        self._inventory_sent = ""
+        self._inventory_due = 0.0
+        self._inventory_problem: str | None = None
+
+    # --- the loop machinery ------------------------------------------------------------
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return (
+            self.timing.heartbeat_interval_s
+            or self.server_heartbeat_interval_s
+            or DEFAULT_HEARTBEAT_INTERVAL_S
+        )
+
+    async def run(self, stop: asyncio.Event) -> AgentError | None:
+        """Publish until stop is set (None) or the control plane refuses us (the error)."""
+        self._stop = stop
+        tasks = [
+            asyncio.create_task(self._loop("heartbeat", self._heartbeat, self._heartbeat_wait)),
+            asyncio.create_task(
+                self._loop(
+                    "inventory", self._inventory, lambda: self.timing.inventory_check_interval_s
+                )
+            ),
+            asyncio.create_task(
+                self._loop("telemetry", self._telemetry, lambda: self.timing.telemetry_interval_s)
+            ),
+        ]
+        stopper = asyncio.create_task(stop.wait())
+        fatal: AgentError | None = None
+        try:
+            pending: set[asyncio.Task[Any]] = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending | {stopper}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopper in done:
+                    # Stop now: an in-flight request is abandoned, not waited for.
+                    break
+                pending.discard(stopper)
+                for task in done:
+                    error = cast(AgentError | None, task.result())
+                    if error is not None and fatal is None:
+                        fatal = error
+                        stop.set()
+        finally:
+            stopper.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(stopper, *tasks, return_exceptions=True)
+        return fatal
+
+    def _heartbeat_wait(self) -> float:
+        return self.heartbeat_interval_s
+
+    async def _loop(
+        self,
+        operation: str,
+        publish_once: Callable[[], Awaitable[bool]],
+        interval: Callable[[], float],
+    ) -> AgentError | None:
+        if self.stagger_s > 0:
+            await self._sleep(random.uniform(0, min(self.stagger_s, interval())))
+        while not self._stop.is_set():
+            try:
+                await self._publish(operation, publish_once)
+            except Stopped:
+                return None
+            except _Fatal as fatal:
+                return fatal.error
+            await self._sleep(interval())
+        return None
+
+    async def _sleep(self, seconds: float) -> None:
+        await interruptible_sleep(self._stop, seconds)
+
+    async def _publish(self, operation: str, publish_once: Callable[[], Awaitable[bool]]) -> None:
+        while True:
+            generation = self.credential_generation
+            try:
+                sent = await retry_transient(
+                    operation,
+                    publish_once,
+                    stop=self._stop,
+                    initial_s=self.timing.retry_initial_s,
+                    max_s=self.timing.retry_max_s,
+                    prefix=self.prefix,
+                    on_failure=lambda error: self._count_failure(operation, error),
+                )
+                if sent:
+                    self.stats.sent[operation] += 1
+                    logger.debug("%s%s published", self.prefix, operation)
+                return
+            except Rejected as error:
+                if self._stop.is_set():
+                    raise Stopped from None
+                if await self._credential_replaced(error, generation):
+                    continue
+                if self._stop.is_set():
+                    raise Stopped from None
+                self._log_rejection(operation, error)
+                raise _Fatal(error) from None
+            except RequestFailed as error:
+                if stops_publishing(error):
+                    logger.error(
+                        "%s%s",
+                        self.prefix,
+                        failure_line(operation, error, f"stopping: {advice_for(error)}"),
+                    )
+                    raise _Fatal(error) from None
+                logger.error(
+                    "%s%s",
+                    self.prefix,
+                    failure_line(
+                        operation, error, "not retried; trying again at the next interval"
+                    ),
+                )
+                return
+
+    def _count_failure(self, operation: str, error: RequestFailed) -> None:
+        status = error.status if error.status is not None else "-"
+        self.stats.failures[f"{operation} {error.failure_class.value} {status}"] += 1
+
+    async def _credential_replaced(self, error: Rejected, generation: int) -> bool:
+        if error.kind not in (RejectionKind.REVOKED, RejectionKind.INVALID):
+            return False
+        if self.reload_credential is None:
+            return False
+        replaced = await self.reload_credential(error, generation)
+        if replaced and self.credential_generation == generation:
+            self.credential_generation += 1
+        return replaced
+
+    def _log_rejection(self, operation: str, error: Rejected) -> None:
+        logger.error(
+            "%s%s",
+            self.prefix,
+            failure_line(
+                operation,
+                error,
+                f"the control plane rejected this node ({error.kind.value}); publishing stopped",
+            ),
+        )
+
+    # --- what is published -------------------------------------------------------------
+
+    async def _heartbeat(self) -> bool:
+        answer = await self.client.heartbeat(
+            HeartbeatRequest(
+                node_id=self.node_id,
+                protocol_version=PROTOCOL_VERSION,
+                agent_version=AGENT_VERSION,
+                capabilities=list(CAPABILITIES),
+                observed_at=_now(),
+            )
+        )
+        if answer.heartbeat_interval_s != self.server_heartbeat_interval_s:
+            if self.timing.heartbeat_interval_s is None:
+                logger.info(
+                    "%sheartbeat interval set by the control plane: %.3gs",
+                    self.prefix,
+                    answer.heartbeat_interval_s,
+                )
+            self.server_heartbeat_interval_s = answer.heartbeat_interval_s
+        return True
+
+    async def _sequenced(
+        self, stream: str, send: Callable[[int], Awaitable[IngestResult]]
+    ) -> IngestResult:
+        replayed: Conflict | None = None
+        for _ in range(REPLAY_JUMPS):
+            sequence = self.sequences.take(stream)
+            try:
+                result = await send(sequence)
+            except Conflict as conflict:
+                if conflict.code != ErrorCode.SEQUENCE_REPLAYED:
+                    raise
+                replayed = conflict
+                cursor = conflict.cursor if conflict.cursor is not None else sequence
+                logger.warning(
+                    "%s%s sequence %d was already received (server cursor %d): the local "
+                    "cursor was behind (a restored state dir?); moving past it",
+                    self.prefix,
+                    stream,
+                    sequence,
+                    cursor,
+                )
+                self.sequences.advance_past(stream, cursor)
+                continue
+            self._note_applied(stream, result)
+            return result
+        assert replayed is not None
+        raise replayed
+
+    def _note_applied(self, stream: str, result: IngestResult) -> None:
+        reason = result.reason.value if result.reason is not None else None
+        if reason != self._not_applied.get(stream):
+            if reason is not None:
+                logger.warning(
+                    "%s%s sample %d kept out of last-good state by the control plane: %s "
+                    "(check this host's clock)",
+                    self.prefix,
+                    stream,
+                    result.sequence,
+                    reason,
+                )
+            elif stream in self._not_applied:
+                logger.info("%s%s samples are applied again", self.prefix, stream)
+        self._not_applied[stream] = reason
+
+    async def _inventory(self) -> bool:
+        """Send the inventory if it changed or is due; whether it was sent."""
+        # In a thread: NVML and disk statistics can block on a sick device.
+        collection = await asyncio.to_thread(self.collector.inventory)
+        facts = await asyncio.to_thread(self.host.facts)
+        observed_at = _now()
+        fingerprint = json.dumps(
+            {
+                "complete": collection.complete,
+                "host": facts.model_dump(mode="json"),
+                "gpus": [gpu.model_dump(mode="json") for gpu in collection.gpus],
+            },
+            sort_keys=True,
+        )
+        now = time.monotonic()
+        if fingerprint == self._inventory_sent and now < self._inventory_due:
+            return False
+        if collection.problem and collection.problem != self._inventory_problem:
+            logger.warning(
+                "%sGPU inventory incomplete (%s): sent with complete=false, so the control "
+                "plane keeps its last-good GPU state",
+                self.prefix,
+                collection.problem,
+            )
+        self._inventory_problem = collection.problem
+
+        async def send(sequence: int) -> IngestResult:
+            return await self.client.put_inventory(
+                InventoryReport(
+                    node_id=self.node_id,
+                    sequence=sequence,
+                    observed_at=observed_at,
+                    complete=collection.complete,
+                    host=facts,
+                    gpus=collection.gpus,
+                )
+            )
+
+        await self._sequenced("inventory", send)
+        if self._inventory_sent and fingerprint != self._inventory_sent:
+            logger.info("%sinventory changed; sent", self.prefix)
+        self._inventory_sent = fingerprint
+        self._inventory_due = now + self.timing.inventory_interval_s
+        return True
+
+    async def _telemetry(self) -> bool:
+        host = await asyncio.to_thread(self.host.telemetry)
+        gpus = await asyncio.to_thread(self.collector.telemetry)
+        observed_at = _now()
+
+        async def send(sequence: int) -> IngestResult:
+            return await self.client.put_telemetry(
+                TelemetryReport(
+                    node_id=self.node_id,
+                    sequence=sequence,
+                    observed_at=observed_at,
+                    ram_total_bytes=host.ram_total_bytes,
+                    ram_used_bytes=host.ram_used_bytes,
+                    storage=host.storage,
+                    gpus=gpus,
+                )
+            )
+
+        await self._sequenced("telemetry", send)
+        return True
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,324 @@
+"""Fleet simulator: N simulated agents in one process, through the agent's real protocol
+client and publishing loops, for load tests and demos.
+
+    modelforge simulate --nodes 500 --api-url http://127.0.0.1:8080 --duration 60
+
+For each node it creates an enrollment token through the admin API (labels
+simulated=true and sim-run=<run id>), enrolls, and then runs heartbeat, inventory and
+telemetry with simulated GPUs and host. Requests in flight are bounded (--concurrency)
+over one shared connection pool. --duration counts from the moment every node is
+enrolled; 0 runs until Ctrl-C. Every failed request is counted as an error (retried
+ones too); the exit status is 0 only when there was none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import secrets
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import AGENT_VERSION, CAPABILITIES
+from agent.client import OperatorClient, ProtocolClient, TlsOptions, make_http_client
+from agent.collectors.host import HostTelemetry
+from agent.collectors.simulated import SimulatedCollector
+from agent.diagnostics import configure_logging, failure_line
+from agent.errors import RequestFailed
+from agent.publisher import Publisher, Stats, Timing
+from agent.retry import Stopped, interruptible_sleep, retry_transient
+from agent.state import Sequences
+from schemas.admin import CreateEnrollmentToken
+from schemas.agent import PROTOCOL_VERSION, EnrollRequest, HostFacts, StorageTelemetry
+
+logger = logging.getLogger("modelforge.agent.simulator")
+
+RAM = 512 * 2**30
+DISK = 4 * 2**40
+
+
+@dataclass
+class SimOptions:
+    nodes: int
+    api_url: str
+    operator_key: str
+    duration_s: float = 0.0
+    heartbeat_interval_s: float = 5.0
+    telemetry_interval_s: float = 10.0
+    inventory_interval_s: float = 60.0
+    gpus: int = 2
+    concurrency: int = 32
+    enroll_concurrency: int = 8
+    request_timeout_s: float = 30.0
+    tls: TlsOptions = field(default_factory=TlsOptions)
+    run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+
+
+@dataclass
+class SimReport:
+    nodes: int
+    enrolled: int
+    enroll_s: float
+    steady_s: float
+    sent: Counter[str]
+    failures: Counter[str]
+
+    @property
+    def errors(self) -> int:
+        return sum(self.failures.values())
+
+    def summary(self) -> str:
+        sent = ", ".join(f"{op} {count}" for op, count in sorted(self.sent.items()))
+        lines = [
+            f"simulated {self.enrolled}/{self.nodes} nodes: enrolled in {self.enroll_s:.1f}s, "
+            f"then published for {self.steady_s:.1f}s; sent: {sent or 'nothing'}; "
+            f"errors: {self.errors}"
+        ]
+        lines += [f"  {count} x {key}" for key, count in self.failures.most_common()]
+        return "\n".join(lines)
+
+
+class SimulatedHost:
+    def __init__(self, hostname: str, seed: str) -> None:
+        self.hostname = hostname
+        self._random = random.Random(seed)
+        self._ram_used = self._random.uniform(0.1, 0.5) * RAM
+
+    def facts(self) -> HostFacts:
+        return HostFacts(
+            hostname=self.hostname,
+            os="Simulated Linux 24.04",
+            kernel="6.8.0-simulated",
+            cpu_model="Simulated CPU @ 3.0GHz",
+            cpu_count=64,
+            ram_total_bytes=RAM,
+            storage_total_bytes=DISK,
+        )
+
+    def telemetry(self) -> HostTelemetry:
+        self._ram_used = min(
+            0.95 * RAM, max(0.05 * RAM, self._ram_used * self._random.uniform(0.95, 1.05))
+        )
+        return HostTelemetry(
+            ram_total_bytes=RAM,
+            ram_used_bytes=int(self._ram_used),
+            storage=[StorageTelemetry(path="/", total_bytes=DISK, used_bytes=DISK // 3)],
+        )
+
+
+class Fleet:
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.stats = Stats()
+        self.stops: list[asyncio.Event] = []
+        self.enrolled = 0
+        self.stopping = asyncio.Event()
+        # Set when the enrollment phase is over (every node in, a failure, or a stop).
+        self.publishing = asyncio.Event()
+
+    def _failed(self, operation: str) -> Callable[[RequestFailed], None]:
+        def count(error: RequestFailed) -> None:
+            status = error.status if error.status is not None else "-"
+            self.stats.failures[f"{operation} {error.failure_class.value} {status}"] += 1
+
+        return count
+
+    async def _node(
+        self,
+        index: int,
+        http_limiter: asyncio.Semaphore,
+        enroll_limiter: asyncio.Semaphore,
+        operator: OperatorClient,
+        client: ProtocolClient,
+        all_enrolled: asyncio.Event,
+    ) -> None:
+        options = self.options
+        name = f"sim-{options.run_id}-{index:04d}"
+
+        async with enroll_limiter:
+            token = await retry_transient(
+                "create token",
+                lambda: operator.create_token(
+                    CreateEnrollmentToken(
+                        labels={"simulated": "true", "sim-run": options.run_id},
+                        display_name=name,
+                        expires_in_s=3600,
+                    )
+                ),
+                stop=self.stopping,
+                initial_s=0.5,
+                max_s=10,
+                on_failure=self._failed("create token"),
+            )
+            answer = await retry_transient(
+                "enroll",
+                lambda: client.enroll(
+                    EnrollRequest(
+                        enrollment_token=token.secret,
+                        protocol_version=PROTOCOL_VERSION,
+                        agent_version=AGENT_VERSION,
+                        hostname=name,
+                        capabilities=list(CAPABILITIES),
+                    )
+                ),
+                stop=self.stopping,
+                initial_s=0.5,
+                max_s=10,
+                on_failure=self._failed("enroll"),
+            )
+        self.stats.sent["enroll"] += 1
+        self.enrolled += 1
+        if self.enrolled == options.nodes:
+            all_enrolled.set()
+        node_client = ProtocolClient(client.http, answer.credential, limiter=http_limiter)
+        stop = asyncio.Event()
+        self.stops.append(stop)
+        # Publishing starts once the whole fleet is in, spread over the intervals: the
+        # enrollment burst and the steady state are measured apart.
+        await self.publishing.wait()
+        if self.stopping.is_set():
+            return
+        publisher = Publisher(
+            client=node_client,
+            node_id=answer.node_id,
+            sequences=Sequences(None),
+            collector=SimulatedCollector(str(answer.node_id), options.gpus),
+            host=SimulatedHost(name, str(answer.node_id)),
+            timing=Timing(
+                heartbeat_interval_s=options.heartbeat_interval_s,
+                telemetry_interval_s=options.telemetry_interval_s,
+                inventory_check_interval_s=options.inventory_interval_s,
+                inventory_interval_s=options.inventory_interval_s,
+                retry_initial_s=0.5,
+                retry_max_s=10,
+            ),
+            server_heartbeat_interval_s=answer.heartbeat_interval_s,
+            name=name,
+            stats=self.stats,
+            stagger_s=options.heartbeat_interval_s,
+        )
+        error = await publisher.run(stop)
+        if error is not None:
+            logger.error("%s: this simulated node stopped (%s)", name, type(error).__name__)
+
+    async def run(self) -> SimReport:
+        options = self.options
+        limiter = asyncio.Semaphore(options.concurrency)
+        enroll_limiter = asyncio.Semaphore(min(options.enroll_concurrency, options.concurrency))
+        all_enrolled = asyncio.Event()
+        if options.nodes == 0:
+            all_enrolled.set()
+        started = time.monotonic()
+        async with make_http_client(
+            options.api_url,
+            tls=options.tls,
+            timeout_s=options.request_timeout_s,
+            max_connections=options.concurrency,
+            trust_env=False,
+        ) as http:
+            operator = OperatorClient(http, options.operator_key, limiter=limiter)
+            client = ProtocolClient(http, limiter=limiter)
+            tasks = [
+                asyncio.create_task(
+                    self._node(i, limiter, enroll_limiter, operator, client, all_enrolled)
+                )
+                for i in range(options.nodes)
+            ]
+            waiter = asyncio.create_task(all_enrolled.wait())
+            stopper = asyncio.create_task(self.stopping.wait())
+            # Enrollment phase: until every node is in, a node task failed, or a stop.
+            pending: set[asyncio.Task[Any]] = {*tasks, waiter, stopper}
+            failed_early = False
+            while not all_enrolled.is_set() and not self.stopping.is_set():
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task in tasks and task.exception() is not None:
+                        failed_early = True
+                if failed_early:
+                    break
+            enrolled_at = time.monotonic()
+            self.publishing.set()
+            logger.info(
+                "enrolled %d/%d simulated nodes in %.1fs",
+                self.enrolled,
+                options.nodes,
+                enrolled_at - started,
+            )
+            if not failed_early and not self.stopping.is_set() and options.duration_s > 0:
+                await interruptible_sleep(self.stopping, options.duration_s)
+            elif not failed_early and not self.stopping.is_set():
+                await self.stopping.wait()
+            finished = time.monotonic()
+            self.stopping.set()
+            for stop in self.stops:
+                stop.set()
+            waiter.cancel()
+            stopper.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, Stopped):
+                    if isinstance(result, RequestFailed):
+                        logger.error("%s", failure_line("simulated node", result, "gave up"))
+                    else:
+                        logger.error("simulated node failed: %r", result)
+                        self.stats.failures["simulator internal"] += 1
+        return SimReport(
+            nodes=options.nodes,
+            enrolled=self.enrolled,
+            enroll_s=enrolled_at - started,
+            steady_s=finished - enrolled_at,
+            sent=self.stats.sent,
+            failures=self.stats.failures,
+        )
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    key = args.operator_key or os.environ.get("MODELFORGE_OPERATOR_API_KEY", "")
+    if not key:
+        print(
+            "modelforge simulate: an operator key is needed to create enrollment tokens "
+            "(--operator-key or MODELFORGE_OPERATOR_API_KEY)",
+            file=sys.stderr,
+        )
+        return 2
+    configure_logging(args.log_level)
+    options = SimOptions(
+        nodes=args.nodes,
+        api_url=args.api_url,
+        operator_key=key,
+        duration_s=args.duration,
+        heartbeat_interval_s=args.heartbeat_interval,
+        telemetry_interval_s=args.telemetry_interval,
+        inventory_interval_s=args.inventory_interval,
+        gpus=args.gpus,
+        concurrency=args.concurrency,
+        tls=TlsOptions(
+            Path(args.ca_bundle) if args.ca_bundle else None,
+            Path(args.client_cert) if args.client_cert else None,
+            Path(args.client_key) if args.client_key else None,
+        ),
+    )
+
+    async def main() -> SimReport:
+        fleet = Fleet(options)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, fleet.stopping.set)
+        return await fleet.run()
+
+    print(
+        f"simulating {options.nodes} nodes against {options.api_url} (run {options.run_id})",
+        flush=True,
+    )
+    report = asyncio.run(main())
+    print(report.summary(), flush=True)
+    return 0 if report.errors == 0 and report.enrolled == report.nodes else 1
