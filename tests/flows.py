@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -128,3 +129,22 @@ def telemetry_body(
             for u in (gpu_uuids or [])
         ],
     }
+
+
+async def released_together(count: int, send: Any) -> list[httpx.Response]:
+    """Start `count` requests, then release them at once through one event."""
+    go = asyncio.Event()
+    ready = 0
+
+    async def one(i: int) -> httpx.Response:
+        nonlocal ready
+        ready += 1
+        await go.wait()
+        response: httpx.Response = await send(i)
+        return response
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
+    while ready < count:
+        await asyncio.sleep(0)
+    go.set()
+    return list(await asyncio.gather(*tasks))

@@ -16,7 +16,16 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from tests.api_server import RunningApi
-from tests.flows import ENROLL, HEARTBEAT, NODES, create_token, enroll, enroll_body, heartbeat_body
+from tests.flows import (
+    ENROLL,
+    HEARTBEAT,
+    NODES,
+    create_token,
+    enroll,
+    enroll_body,
+    heartbeat_body,
+    released_together,
+)
 
 STORM = 60
 ROUNDS = 5
@@ -38,25 +47,6 @@ async def open_connections(client: httpx.AsyncClient, count: int) -> None:
     assert all(r.status_code == 200 for r in responses)
 
 
-async def storm(client: httpx.AsyncClient, count: int, send: Any) -> list[httpx.Response]:
-    """Run `count` requests released together by one event, so they really overlap."""
-    go = asyncio.Event()
-    ready = 0
-
-    async def one(i: int) -> httpx.Response:
-        nonlocal ready
-        ready += 1
-        await go.wait()
-        response: httpx.Response = await send(i)
-        return response
-
-    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
-    while ready < count:
-        await asyncio.sleep(0)
-    go.set()
-    return list(await asyncio.gather(*tasks))
-
-
 def codes(responses: list[httpx.Response]) -> Counter[tuple[int, str | None]]:
     return Counter(
         (r.status_code, None if r.status_code < 400 else r.json()["code"]) for r in responses
@@ -72,8 +62,7 @@ async def test_sixty_way_enrollment_storm_yields_one_identity_every_time(
             for round_no in range(1, ROUNDS + 1):
                 token = create_token(admin, api)
                 hostnames = [f"storm-{round_no}-{i}" for i in range(STORM)]
-                responses = await storm(
-                    client,
+                responses = await released_together(
                     STORM,
                     lambda i, token=token, hostnames=hostnames: client.post(
                         ENROLL, json=enroll_body(token, hostnames[i])
@@ -156,8 +145,7 @@ async def test_recovery_token_storm_rebinds_once(api: RunningApi, database_url: 
         async with api.async_client() as client:
             await open_connections(client, STORM)
             token = create_token(admin, api, node_id=node.node_id)
-            responses = await storm(
-                client,
+            responses = await released_together(
                 STORM,
                 lambda i: client.post(
                     ENROLL, json=enroll_body(token, f"recovered-{i}", node_id=node.node_id)

@@ -26,6 +26,7 @@ from tests.flows import (
     heartbeat_body,
     inventory_body,
     now,
+    released_together,
     telemetry_body,
 )
 
@@ -50,25 +51,6 @@ async def active_credentials(database_url: str, node_id: str) -> list[str]:
         uuid.UUID(node_id),
     )
     return [str(row["id"]) for row in rows]
-
-
-async def released_together(count: int, send: Any) -> list[httpx.Response]:
-    """Start `count` requests, then release them at once through one event."""
-    go = asyncio.Event()
-    ready = 0
-
-    async def one(i: int) -> httpx.Response:
-        nonlocal ready
-        ready += 1
-        await go.wait()
-        response: httpx.Response = await send(i)
-        return response
-
-    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
-    while ready < count:
-        await asyncio.sleep(0)
-    go.set()
-    return list(await asyncio.gather(*tasks))
 
 
 async def warm(client: httpx.AsyncClient, count: int) -> None:
