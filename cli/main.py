@@ -18,8 +18,8 @@ def _api(_: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
-    from api.logging import configure_logging
     from api.settings import ApiSettings
+    from cli.logging import configure_logging
 
     settings = ApiSettings()
     configure_logging(settings.log_level)
@@ -45,7 +45,7 @@ def _migrate(_: argparse.Namespace) -> int:
 
 
 def _relay(_: argparse.Namespace) -> int:
-    from api.logging import configure_logging
+    from cli.logging import configure_logging
     from workers.relay import serve
     from workers.settings import RelaySettings
 
@@ -66,8 +66,8 @@ def _relay(_: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     import os
 
-    from api.logging import configure_logging
     from broker.jetstream import BrokerSettings
+    from cli.logging import configure_logging
     from workers.main import PROCESS_INDEX_ENV, run_worker_process, supervise
     from workers.settings import WorkerSettings
 

@@ -1,4 +1,5 @@
-"""Log setup: every line carries the correlation id; bodies and secrets are never logged."""
+"""Server-process log setup (API, relay, workers): every line carries the correlation id;
+bodies and secrets are never logged."""
 
 from __future__ import annotations
 
