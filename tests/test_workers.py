@@ -145,6 +145,13 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
     for node in nodes:
         assert audit[node.node_id] == expected, (node.node_id, audit[node.node_id])
 
+    # Sweep rows name the broker message that caused them.
+    with api.client() as client:
+        system = client.get(
+            "/api/v1/admin/audit", params={"actor": "system", "limit": 5}, headers=api.admin_headers
+        ).json()["items"]
+    assert system and all(r["correlation_id"].startswith("liveness_sweep-") for r in system)
+
     # Nodes come back on their own heartbeat, once; the sweepers leave them alone.
     with api.client() as client:
         for node in nodes[:6]:

@@ -9,6 +9,7 @@ from typing import Any
 import dramatiq
 
 from broker.jetstream import AsyncResource
+from store.correlation import correlation_id_var
 from store.liveness import LivenessThresholds
 from workers.database import Database
 from workers.liveness import sweep
@@ -40,6 +41,8 @@ def declare_actors(
             # Only the ticker sends these; anything else is a malformed message and
             # belongs in the dead-letter stream, not in a silent no-op.
             raise TypeError(f"liveness_sweep expects the period number, got {bucket!r}")
+        # Audit rows and events of this sweep carry the message id that caused them.
+        correlation_id_var.set(f"liveness_sweep-{bucket}")
         transitions = await sweep(database.get().sessions, thresholds)
         for t in transitions:
             logger.info("node %s: %s -> %s", t.node_id, t.previous, t.current)
