@@ -1,0 +1,267 @@
+"""Credential revocation and rotation, permanent decommission, recovery enrollment."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from tests.admin_helpers import (
+    AUDIT,
+    audit,
+    audit_count,
+    beat,
+    credential_id,
+    decommission,
+    enroll_with,
+    get_node,
+    list_nodes,
+    new_token,
+    ok,
+    patch_node,
+    refused,
+    token_id,
+)
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import (
+    ENROLL,
+    HEARTBEAT,
+    INVENTORY,
+    NODES,
+    TELEMETRY,
+    TOKENS,
+    EnrolledNode,
+    create_token,
+    enroll,
+    enroll_body,
+    gpu,
+    heartbeat_body,
+    inventory_body,
+    telemetry_body,
+)
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_credential_revoke_and_rotate(api: RunningApi) -> None:
+    with api.client() as client:
+        node = enroll(client, api)
+        ok(beat(client, node))
+        revoked = ok(
+            client.post(f"{NODES}/{node.node_id}/credential/revoke", headers=api.admin_headers)
+        )
+        assert revoked["revoked_credential_ids"] == [credential_id(node.credential)]
+        refused(beat(client, node), 401, "credential_revoked")
+        assert get_node(client, api, node.node_id)["has_active_credential"] is False
+        # Revoking again: nothing left to revoke.
+        again = ok(
+            client.post(f"{NODES}/{node.node_id}/credential/revoke", headers=api.admin_headers)
+        )
+        assert again["revoked_credential_ids"] == []
+
+        # Rotation after revocation issues a working credential and revokes nothing.
+        rotated = ok(
+            client.post(f"{NODES}/{node.node_id}/credential/rotate", headers=api.admin_headers)
+        )
+        assert rotated["revoked_credential_ids"] == []
+        second = EnrolledNode(node.node_id, rotated["credential"])
+        assert rotated["credential_id"] == credential_id(second.credential)
+        ok(beat(client, second))
+
+        # Rotation of an active credential revokes it and returns the replacement once.
+        rotated = ok(
+            client.post(f"{NODES}/{node.node_id}/credential/rotate", headers=api.admin_headers)
+        )
+        third = EnrolledNode(node.node_id, rotated["credential"])
+        assert rotated["node_id"] == node.node_id
+        assert rotated["revoked_credential_ids"] == [credential_id(second.credential)]
+        refused(beat(client, second), 401, "credential_revoked")
+        refused(beat(client, node), 401, "credential_revoked")
+        ok(beat(client, third))
+        ok(client.put(TELEMETRY, json=telemetry_body(node.node_id, 1), headers=third.headers))
+        assert get_node(client, api, node.node_id)["has_active_credential"] is True
+        # The replacement is never readable again.
+        assert (
+            third.credential.split(".")[2]
+            not in client.get(f"{NODES}/{node.node_id}", headers=api.admin_headers).text
+        )
+        assert (
+            third.credential.split(".")[2] not in client.get(AUDIT, headers=api.admin_headers).text
+        )
+
+
+# --------------------------------------------------------------------------- decommission
+
+
+def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
+    api = api_factory()
+    with api.client() as client:
+        node = enroll(client, api)
+        ok(beat(client, node))
+        ok(
+            client.put(
+                INVENTORY, json=inventory_body(node.node_id, 1, gpus=[gpu(0)]), headers=node.headers
+            )
+        )
+        recovery = create_token(client, api, node_id=node.node_id)
+        recovery_id = token_id(recovery)
+        unrelated = new_token(client, api)["token"]["id"]
+        bystander = enroll(client, api, "bystander")
+
+        preview_url = f"{NODES}/{node.node_id}/decommission/preview"
+        audit_before = audit_count(client, api)
+        preview = ok(client.get(preview_url, headers=api.admin_headers))
+        assert preview["already_decommissioned"] is False
+        assert preview["credentials_to_revoke"] == [credential_id(node.credential)]
+        assert preview["enrollment_tokens_to_revoke"] == [recovery_id]
+        assert preview["gpus"] == 1 and preview["liveness"] == "online"
+        # The preview changed nothing.
+        assert ok(client.get(preview_url, headers=api.admin_headers)) == preview
+        assert audit_count(client, api) == audit_before
+        ok(beat(client, node))
+        active = ok(client.get(TOKENS, params={"state": "active"}, headers=api.admin_headers))
+        assert sorted(t["id"] for t in active["items"]) == sorted([recovery_id, unrelated])
+
+        refused(
+            decommission(client, api, node.node_id, confirm=bystander.node_id),
+            409,
+            "identity_conflict",
+        )
+        refused(
+            decommission(client, api, node.node_id, confirm=str(uuid.uuid4())),
+            409,
+            "identity_conflict",
+        )
+        ok(beat(client, node))  # still alive after the refused attempts
+
+        result = ok(decommission(client, api, node.node_id))
+        assert result["node_id"] == node.node_id and result["decommissioned_at"]
+        assert result["revoked_credential_ids"] == [credential_id(node.credential)]
+        assert result["revoked_enrollment_token_ids"] == [recovery_id]
+
+        # The agent is refused everywhere, with the terminal code.
+        for method, path, body in (
+            ("POST", HEARTBEAT, heartbeat_body(node.node_id)),
+            ("PUT", INVENTORY, inventory_body(node.node_id, 2)),
+            ("PUT", TELEMETRY, telemetry_body(node.node_id, 1)),
+        ):
+            refused(
+                client.request(method, path, json=body, headers=node.headers),
+                401,
+                "node_decommissioned",
+            )
+        # Operator management refuses the tombstone.
+        base = f"{NODES}/{node.node_id}"
+        h = api.admin_headers
+        refused(client.post(f"{base}/credential/rotate", headers=h), 409, "node_terminal")
+        refused(client.post(f"{base}/credential/revoke", headers=h), 409, "node_terminal")
+        refused(patch_node(client, api, node.node_id, display_name="zombie"), 409, "node_terminal")
+        refused(patch_node(client, api, node.node_id, enabled=True), 409, "node_terminal")
+        refused(
+            client.post(TOKENS, json={"node_id": node.node_id}, headers=h), 409, "node_terminal"
+        )
+        refused(decommission(client, api, node.node_id), 409, "node_terminal")
+        # The recovery token issued before the decommission is dead.
+        refused(
+            client.post(ENROLL, json=enroll_body(recovery, node_id=node.node_id)),
+            401,
+            "enrollment_token_revoked",
+        )
+        refused(client.post(ENROLL, json=enroll_body(recovery)), 401, "enrollment_token_revoked")
+        revoked = ok(client.get(TOKENS, params={"state": "revoked"}, headers=h))["items"]
+        assert [t["id"] for t in revoked] == [recovery_id]
+        # The unrelated token and the bystander are untouched.
+        active = ok(client.get(TOKENS, params={"state": "active"}, headers=h))["items"]
+        assert [t["id"] for t in active] == [unrelated]
+        ok(beat(client, bystander))
+
+        view = get_node(client, api, node.node_id)
+        assert view["liveness"] == "decommissioned"
+        assert view["decommissioned_at"] is not None
+        assert view["has_active_credential"] is False
+        after = ok(client.get(preview_url, headers=h))
+        assert after["already_decommissioned"] is True
+        assert after["credentials_to_revoke"] == [] and after["enrollment_tokens_to_revoke"] == []
+        assert after["liveness"] == "decommissioned"
+        decommissioned_rows = audit(client, api, action="node.decommissioned")
+        assert len(decommissioned_rows) == 1
+        assert decommissioned_rows[0]["details"]["revoked_enrollment_token_ids"] == [recovery_id]
+
+    # Long after, on tiny thresholds, the tombstone still reads as decommissioned.
+    quick = api_factory(stale_after_s=0.1, offline_after_s=0.2)
+    time.sleep(0.3)
+    with quick.client() as client:
+        assert get_node(client, quick, node.node_id)["liveness"] == "decommissioned"
+        assert get_node(client, quick, bystander.node_id)["liveness"] == "offline"
+        assert list_nodes(client, quick, {"liveness": "decommissioned"}) == [node.node_id]
+        assert list_nodes(client, quick, {"liveness": "offline"}) == [bystander.node_id]
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def test_recovery_enrollment(api: RunningApi) -> None:
+    with api.client() as client:
+        node = enroll(client, api, "before-reinstall", labels={"rack": "r1"})
+        ok(beat(client, node))
+        other = enroll(client, api, "other")
+
+        # An ordinary token cannot adopt an existing identity.
+        ordinary = create_token(client, api)
+        refused(
+            client.post(ENROLL, json=enroll_body(ordinary, node_id=node.node_id)),
+            409,
+            "identity_conflict",
+        )
+        refused(
+            client.post(ENROLL, json=enroll_body(ordinary, node_id=str(uuid.uuid4()))),
+            409,
+            "identity_conflict",
+        )
+
+        recovery = create_token(client, api, node_id=node.node_id)
+        created = [
+            t
+            for t in ok(client.get(TOKENS, headers=api.admin_headers))["items"]
+            if t["id"] == token_id(recovery)
+        ]
+        assert created[0]["node_id"] == node.node_id
+        # A recovery token for X cannot bind another identity.
+        refused(
+            client.post(ENROLL, json=enroll_body(recovery, node_id=other.node_id)),
+            409,
+            "identity_conflict",
+        )
+        # Neither refusal consumed a token or touched the nodes.
+        active = ok(client.get(TOKENS, params={"state": "active"}, headers=api.admin_headers))
+        assert sorted(t["id"] for t in active["items"]) == sorted(
+            [token_id(ordinary), token_id(recovery)]
+        )
+        ok(beat(client, node))
+        ok(beat(client, other))
+
+        data = ok(
+            client.post(
+                ENROLL, json=enroll_body(recovery, "after-reinstall", node_id=node.node_id)
+            ),
+            201,
+        )
+        assert data["node_id"] == node.node_id
+        rebound = EnrolledNode(node.node_id, data["credential"])
+        refused(beat(client, node), 401, "credential_revoked")
+        ok(beat(client, rebound))
+        ok(beat(client, other))
+        view = get_node(client, api, node.node_id)
+        assert view["hostname"] == "after-reinstall"
+        assert view["labels"] == {"rack": "r1"}  # identity kept, not recreated
+        assert len(list_nodes(client, api)) == 2
+        enrolled = audit(client, api, action="node.enrolled", target_id=node.node_id)
+        assert [row["details"]["rebound"] for row in enrolled] == [True, False]
+
+        # A recovery token also works without repeating node_id in the body.
+        second = create_token(client, api, node_id=node.node_id)
+        data = ok(client.post(ENROLL, json=enroll_body(second, "again")), 201)
+        assert data["node_id"] == node.node_id
+        refused(beat(client, rebound), 401, "credential_revoked")
+        # And the ordinary token still makes a brand-new node.
+        fresh = enroll_with(client, ordinary, "brand-new")
+        assert fresh.node_id not in {node.node_id, other.node_id}
