@@ -31,7 +31,8 @@ from stack.settings import StackSettings
 DATABASE_NAME = "modelforge"
 KEY_FILE = "operator_api_key"
 HEALTH_TIMEOUT_S = 90.0
-CHILD_STOP_TIMEOUT_S = 15.0
+# Longer than a worker's drain (Worker.stop waits up to 30 s for in-flight actors).
+CHILD_STOP_TIMEOUT_S = 40.0
 POLL_S = 0.2
 
 
