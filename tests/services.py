@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 from sqlalchemy import NullPool, text
 from sqlalchemy.engine import make_url
@@ -131,6 +132,16 @@ def with_database(url: str, database: str) -> str:
 def libpq_dsn(url: str) -> str:
     """The asyncpg/libpq form of a postgresql+asyncpg:// SQLAlchemy URL."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def db_fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    """Rows from this test's database over a direct connection (for checks the API
+    does not expose)."""
+    connection = await asyncpg.connect(libpq_dsn(database_url))
+    try:
+        return list(await connection.fetch(sql, *args))
+    finally:
+        await connection.close()
 
 
 def _quote_ident(name: str) -> str:

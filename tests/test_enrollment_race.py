@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from typing import Any
 
-import asyncpg
 import httpx
-from sqlalchemy.engine import make_url
 
 from tests.api_server import RunningApi
 from tests.flows import (
@@ -26,19 +23,11 @@ from tests.flows import (
     heartbeat_body,
     released_together,
 )
+from tests.services import db_fetch
 
 STORM = 60
 ROUNDS = 5
 AUDIT = "/api/v1/admin/audit"
-
-
-async def db_fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    dsn = make_url(database_url).set(drivername="postgresql")
-    connection = await asyncpg.connect(dsn.render_as_string(hide_password=False))
-    try:
-        return list(await connection.fetch(sql, *args))
-    finally:
-        await connection.close()
 
 
 async def open_connections(client: httpx.AsyncClient, count: int) -> None:

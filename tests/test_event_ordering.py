@@ -13,22 +13,17 @@ import itertools
 import json
 from typing import Any
 
-import asyncpg
-
 from tests.api_server import RunningApi
 from tests.flows import HEARTBEAT, INVENTORY, NODES, enroll, gpu, heartbeat_body, inventory_body
-from tests.services import libpq_dsn
+from tests.services import db_fetch
 
 
 async def _agent_events(database_url: str, node_id: str) -> list[dict[str, Any]]:
-    connection = await asyncpg.connect(libpq_dsn(database_url))
-    try:
-        rows = await connection.fetch(
-            "SELECT envelope->'data' AS data FROM outbox WHERE subject = $1 ORDER BY position",
-            f"modelforge.v1.node.{node_id}.agent.changed",
-        )
-    finally:
-        await connection.close()
+    rows = await db_fetch(
+        database_url,
+        "SELECT envelope->'data' AS data FROM outbox WHERE subject = $1 ORDER BY position",
+        f"modelforge.v1.node.{node_id}.agent.changed",
+    )
     return [json.loads(row["data"]) for row in rows]
 
 

@@ -12,9 +12,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg
 import httpx
-from sqlalchemy.engine import make_url
 
 from tests.api_server import RunningApi
 from tests.flows import (
@@ -28,6 +26,7 @@ from tests.flows import (
     now,
     telemetry_body,
 )
+from tests.services import db_fetch
 
 AUDIT = "/api/v1/admin/audit"
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -36,17 +35,13 @@ GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 async def outbox_events(database_url: str, node_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(subject suffix after the node id, envelope) of this node's outbox rows, in order."""
-    dsn = make_url(database_url).set(drivername="postgresql")
-    connection = await asyncpg.connect(dsn.render_as_string(hide_password=False))
-    try:
-        prefix = f"modelforge.v1.node.{node_id}."
-        rows = await connection.fetch(
-            "SELECT subject, envelope::text AS envelope FROM outbox "
-            "WHERE subject LIKE $1 ORDER BY position",
-            prefix + "%",
-        )
-    finally:
-        await connection.close()
+    prefix = f"modelforge.v1.node.{node_id}."
+    rows = await db_fetch(
+        database_url,
+        "SELECT subject, envelope::text AS envelope FROM outbox "
+        "WHERE subject LIKE $1 ORDER BY position",
+        prefix + "%",
+    )
     return [(row["subject"].removeprefix(prefix), json.loads(row["envelope"])) for row in rows]
 
 

@@ -31,7 +31,6 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NoStreamResponseError, NotFoundError
-from sqlalchemy.engine import make_url
 
 from broker.streams import EVENTS_STREAM, StreamSpec, declare, events_stream
 from schemas.events import EVENT_SOURCE, CloudEvent, EventType
@@ -40,6 +39,7 @@ from store.engine import make_engine, make_sessionmaker
 from tests.api_server import RunningApi
 from tests.flows import ENROLL, HEARTBEAT, INVENTORY, TOKENS, enroll_body, gpu, heartbeat_body
 from tests.flows import inventory_body as flows_inventory_body
+from tests.services import db_fetch
 from workers.relay import OutboxRelay, connect_nats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,18 +49,6 @@ EVENTS_PER_STORY = 10
 
 
 # --- database and stream ---------------------------------------------------------------
-
-
-def libpq(database_url: str) -> str:
-    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-async def db_fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(libpq(database_url))
-    try:
-        return list(await connection.fetch(sql, *args))
-    finally:
-        await connection.close()
 
 
 async def db_fetch_count(database_url: str, where: str) -> int:

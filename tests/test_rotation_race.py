@@ -11,9 +11,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import asyncpg
 import httpx
-from sqlalchemy.engine import make_url
 
 from tests.api_server import RunningApi
 from tests.flows import (
@@ -29,19 +27,11 @@ from tests.flows import (
     released_together,
     telemetry_body,
 )
+from tests.services import db_fetch
 
 ROTATIONS = 20
 ROUNDS = 4
 AUDIT = "/api/v1/admin/audit"
-
-
-async def db_fetch(database_url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    dsn = make_url(database_url).set(drivername="postgresql")
-    connection = await asyncpg.connect(dsn.render_as_string(hide_password=False))
-    try:
-        return list(await connection.fetch(sql, *args))
-    finally:
-        await connection.close()
 
 
 async def active_credentials(database_url: str, node_id: str) -> list[str]:
