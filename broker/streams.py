@@ -6,15 +6,14 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig, StreamInfo
-from nats.js.errors import BadRequestError
+
+from broker.jetstream.declare import declare_stream
 
 EVENTS_STREAM = "MODELFORGE_EVENTS"
 EVENTS_SUBJECTS = ["modelforge.v1.>"]
 # Nats-Msg-Id dedupe horizon: a relay that crashed after publishing but before
 # marking the row sent republishes well inside this window.
 DUPLICATE_WINDOW_S = 120.0
-# JetStream API error: "stream name already in use with a different configuration".
-_STREAM_NAME_IN_USE = 10058
 
 
 @dataclass(frozen=True)
@@ -47,16 +46,5 @@ def events_stream(replicas: int = 1) -> StreamSpec:
 
 
 async def declare(js: JetStreamContext, spec: StreamSpec) -> StreamInfo:
-    """Create the stream, or bring an existing one to this configuration.
-
-    Create-first, so publishers starting together cannot race between a lookup and a
-    create: JetStream accepts an identical create, and refuses a different one with
-    10058, which we answer with an update. A change JetStream cannot apply in place
-    (storage type, for one) raises.
-    """
-    try:
-        return await js.add_stream(spec.config())
-    except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
-            raise
-    return await js.update_stream(spec.config())
+    """Create the stream, or bring an existing one to this configuration."""
+    return await declare_stream(js, spec.config())

@@ -16,8 +16,9 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamInfo,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError
 
 from broker.jetstream.names import Names
 from broker.jetstream.settings import BrokerSettings
@@ -70,15 +71,26 @@ def queue_consumer_config(
     )
 
 
-async def declare_stream(js: JetStreamContext, config: StreamConfig) -> None:
+# JetStream's "stream name already in use" (with a different configuration).
+_STREAM_NAME_IN_USE = 10058
+
+
+async def declare_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
+    """Create the stream, or bring an existing one to this configuration.
+
+    Create-first, so processes starting together cannot race between a lookup and a
+    create: JetStream accepts an identical create, and refuses a different one with
+    10058, which is answered with an update. A change JetStream cannot apply in place
+    (storage type, for one) raises.
+    """
     if config.name is None:
         raise ValueError("stream config without a name")
     try:
-        await js.stream_info(config.name)
-    except NotFoundError:
-        await js.add_stream(config)
-        return
-    await js.update_stream(config)
+        return await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    return await js.update_stream(config)
 
 
 async def declare_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
