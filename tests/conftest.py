@@ -1,4 +1,5 @@
 """Test plugins: real PostgreSQL and NATS (tests/services.py) and a real API on loopback
 (tests/api_server.py)."""
 
-pytest_plugins = ["tests.services", "tests.api_server"]
+# contract_helpers: the module-scoped `shared_api` of the error-contract tests.
+pytest_plugins = ["tests.services", "tests.api_server", "tests.contract_helpers"]
