@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
+from starlette.types import ExceptionHandler
 
 from api.errors import ApiError
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from store.correlation import current_correlation_id
+
+logger = logging.getLogger("modelforge.api")
 
 _HTTP_CODES = {
     404: ErrorCode.NOT_FOUND,
@@ -34,12 +42,24 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return _respond(exc.status_code, body, headers)
 
 
+def _unparseable() -> JSONResponse:
+    body = ErrorBody(
+        code=ErrorCode.BODY_UNPARSEABLE,
+        message="the request body is not valid JSON",
+        correlation_id=current_correlation_id() or "",
+    )
+    return _respond(422, body)
+
+
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(error["type"] == "json_invalid" for error in errors):
+        return _unparseable()
     # Location, message and type only: the offending input may be a secret.
     details = [
         FieldError(location=list(error.get("loc", ())), message=error["msg"], type=error["type"])
-        for error in exc.errors()
+        for error in errors
     ]
     body = ErrorBody(
         code=ErrorCode.VALIDATION_FAILED,
@@ -50,16 +70,82 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return _respond(422, body)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
+class AllowedMethods:
+    """Every method a path takes, for the Allow header of a 405.
+
+    Starlette names only the methods of the first route whose path matched, and a path
+    often has two (GET and PATCH on a node). The OpenAPI document lists them all; it is
+    read once, at the first 405.
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._paths: list[tuple[re.Pattern[str], set[str]]] | None = None
+
+    def __call__(self, path: str) -> str:
+        if self._paths is None:
+            self._paths = [
+                (compile_path(template)[0], {method.upper() for method in operations})
+                for template, operations in self._app.openapi()["paths"].items()
+            ]
+        methods: set[str] = set()
+        for pattern, documented in self._paths:
+            if pattern.match(path):
+                methods |= documented
+        if "GET" in methods:
+            methods.add("HEAD")  # Starlette answers HEAD wherever it answers GET
+        return ", ".join(sorted(methods))
+
+
+def _http_error_handler(allowed: AllowedMethods) -> ExceptionHandler:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:
+            headers["Allow"] = allowed(request.url.path)
+        return _http_error(exc, headers)
+
+    return handle
+
+
+def _http_error(exc: StarletteHTTPException, headers: dict[str, str]) -> JSONResponse:
+    if exc.status_code == 400:
+        # FastAPI's body reader raises a bare 400 for what json.loads cannot take apart
+        # (invalid UTF-8, deep nesting, 5,000-digit numbers): the client's mistake, 422.
+        return _unparseable()
     code = _HTTP_CODES.get(exc.status_code, ErrorCode.INTERNAL_ERROR)
     body = ErrorBody(
         code=code, message=str(exc.detail), correlation_id=current_correlation_id() or ""
     )
-    return _respond(exc.status_code, body, dict(exc.headers) if exc.headers else None)
+    return _respond(exc.status_code, body, headers or None)
+
+
+def _database_down(exc: BaseException) -> bool:
+    """A lost or refused database connection, not a bug in a statement."""
+    if isinstance(exc, ConnectionError):  # asyncpg raises a refused connect as it is
+        return True
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return False
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    if not _database_down(exc):
+        raise exc  # a bug: the outermost middleware answers 500 and logs it
+    logger.warning("database unavailable: %s", type(exc).__name__)
+    body = ErrorBody(
+        code=ErrorCode.DATABASE_UNAVAILABLE,
+        message="the database is unavailable; retry shortly",
+        correlation_id=current_correlation_id() or "",
+    )
+    # The pool drops every broken connection at the first failure, so a retry after a
+    # database restart gets a fresh one.
+    return _respond(503, body, {"Retry-After": "1"})
 
 
 def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler(AllowedMethods(app)))
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(ConnectionError, _database_error)

@@ -7,10 +7,29 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, Strict
 
 from schemas.agent import GpuTelemetry, HostFacts, NotAppliedReason, StorageTelemetry
-from schemas.base import AwareDatetime, Labels, WireModel
+from schemas.base import (
+    CountParam,
+    FilterText,
+    Flag,
+    Labels,
+    Name,
+    Note,
+    PositiveParam,
+    Timestamp,
+    WireModel,
+    json_integer,
+)
+
+# A node list filter: ``key=value`` matches a label's value, a bare ``key`` its presence.
+LabelFilter = Annotated[
+    str,
+    Field(max_length=127, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}(=[A-Za-z0-9_.-]{0,63})?$"),
+]
+# Page sizes of the list routes.
+PageLimit = Annotated[CountParam, Field(ge=1, le=1000)]
 
 
 class Liveness(StrEnum):
@@ -29,10 +48,13 @@ class TokenState(StrEnum):
 
 
 class CreateEnrollmentToken(WireModel):
-    expires_in_s: Annotated[int, Field(gt=0, le=365 * 24 * 3600)] | None = None
+    expires_in_s: (
+        Annotated[int, Strict(), Field(gt=0, le=365 * 24 * 3600), BeforeValidator(json_integer)]
+        | None
+    ) = None
     labels: Labels = Field(default_factory=dict)
-    display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
-    note: Annotated[str, Field(max_length=500)] | None = None
+    display_name: Name | None = None
+    note: Note | None = None
     # Recovery: the token re-binds this existing identity instead of creating a node.
     node_id: uuid.UUID | None = None
 
@@ -129,10 +151,10 @@ class NodeList(WireModel):
 
 
 class NodePatch(WireModel):
-    display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    display_name: Name | None = None
     # Replaces the whole label set.
     labels: Labels | None = None
-    enabled: bool | None = None
+    enabled: Flag | None = None
 
 
 class CredentialRevoked(WireModel):
@@ -160,7 +182,7 @@ class DecommissionPreview(WireModel):
 class DecommissionRequest(WireModel):
     # Must repeat the node id: a guard against decommissioning the wrong node.
     confirm_node_id: uuid.UUID
-    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    reason: Annotated[Note, Field(min_length=1)]
 
 
 class DecommissionResult(WireModel):
@@ -188,15 +210,17 @@ class AuditList(WireModel):
 
 
 class AuditQuery(WireModel):
-    actor: str | None = None
-    action: str | None = None
-    target_type: str | None = None
-    target_id: str | None = None
-    correlation_id: str | None = None
-    since: AwareDatetime | None = None
-    until: AwareDatetime | None = None
-    before_id: int | None = None
-    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    """Query parameters of the audit log (text on the wire, hence the *Param integers)."""
+
+    actor: FilterText | None = None
+    action: FilterText | None = None
+    target_type: FilterText | None = None
+    target_id: FilterText | None = None
+    correlation_id: FilterText | None = None
+    since: Timestamp | None = None
+    until: Timestamp | None = None
+    before_id: PositiveParam | None = None
+    limit: PageLimit = 100
 
 
 class DeadLetterInfo(WireModel):
@@ -225,3 +249,38 @@ class DeadLetterReplayed(WireModel):
     seq: int
     queue: str
     message_id: str
+
+
+class FleetIncidentInfo(WireModel):
+    id: uuid.UUID
+    kind: str
+    opened_at: datetime
+    watched_nodes: int
+    silent_nodes: int
+    acknowledged_at: datetime | None
+    acknowledged_reason: str | None
+    resolved_at: datetime | None
+
+
+class FleetIncidentList(WireModel):
+    items: list[FleetIncidentInfo]
+
+
+class AcknowledgeIncident(WireModel):
+    # Why the operator believes the silent nodes are really gone (audited).
+    reason: Annotated[Note, Field(min_length=1)]
+
+
+class ApiPresence(WireModel):
+    last_seen_at: datetime
+    # The last recorded span with no API; equal when there never was one.
+    down_since: datetime
+    resumed_at: datetime
+
+
+class FleetSafety(WireModel):
+    """The fleet-level guards: is the partition breaker holding offline transitions?"""
+
+    partition_hold: bool
+    open_incident: FleetIncidentInfo | None
+    api_presence: ApiPresence | None

@@ -5,27 +5,53 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Final
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, Strict, field_validator
 
-from schemas.base import AwareDatetime, WireModel
+from schemas.base import (
+    SAFE_INT_MAX,
+    Count,
+    Flag,
+    Integer,
+    Number,
+    ShortText,
+    Text,
+    Timestamp,
+    WireModel,
+    json_integer,
+)
 
 PROTOCOL_VERSION = 1
 
-Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.]*$")]
+# Sequences run from 1 to 2**53 - 1: every JSON parser reads that exactly, and at one
+# sample a millisecond a stream lasts 285,000 years. A stream that reached the ceiling
+# would refuse every later sample as a replay, so nothing above it is accepted at all.
+SEQUENCE_MAX: Final = SAFE_INT_MAX
+
+Capability = Annotated[
+    str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.]*$")
+]
 Capabilities = Annotated[list[Capability], Field(max_length=64)]
-ShortText = Annotated[str, Field(min_length=1, max_length=255)]
 # Limits match the database columns, so anything that validates can be stored.
-VersionText = Annotated[str, Field(min_length=1, max_length=100)]
-Sequence = Annotated[int, Field(ge=1, le=2**63 - 1)]
-NonNegInt = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Percent = Annotated[float, Field(ge=0, le=100)]
+VersionText = Annotated[Text, Field(min_length=1, max_length=100)]
+Sequence = Annotated[int, Strict(), Field(ge=1, le=SEQUENCE_MAX), BeforeValidator(json_integer)]
+CpuCount = Annotated[int, Strict(), Field(ge=0, le=65536), BeforeValidator(json_integer)]
+GpuIndex = Annotated[int, Strict(), Field(ge=0, le=1024), BeforeValidator(json_integer)]
+Percent = Annotated[Number, Field(ge=0, le=100)]
+GpuUuid = Annotated[Text, Field(min_length=1, max_length=128)]
+
+
+def _unique(values: list[str], what: str, *, fold_case: bool = False) -> None:
+    # GPU UUIDs compare case-insensitively: they are hex, "GPU-AB" and "gpu-ab" are one device.
+    keys = [value.casefold() for value in values] if fold_case else values
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"each {what} may appear once")
 
 
 class EnrollRequest(WireModel):
-    enrollment_token: Annotated[str, Field(min_length=1, max_length=512)]
-    protocol_version: int
+    enrollment_token: Annotated[Text, Field(min_length=1, max_length=512)]
+    protocol_version: Integer
     agent_version: VersionText
     hostname: ShortText
     capabilities: Capabilities = Field(default_factory=list)
@@ -45,11 +71,11 @@ class EnrollResponse(WireModel):
 
 class HeartbeatRequest(WireModel):
     node_id: uuid.UUID
-    protocol_version: int
+    protocol_version: Integer
     agent_version: VersionText
     capabilities: Capabilities = Field(default_factory=list)
     # Agent clock, informational only: liveness uses server-received time.
-    observed_at: AwareDatetime | None = None
+    observed_at: Timestamp | None = None
 
 
 class HeartbeatResponse(WireModel):
@@ -61,63 +87,83 @@ class HeartbeatResponse(WireModel):
 
 class HostFacts(WireModel):
     hostname: ShortText
-    os: Annotated[str, Field(max_length=255)] = ""
-    kernel: Annotated[str, Field(max_length=255)] = ""
-    cpu_model: Annotated[str, Field(max_length=255)] = ""
-    cpu_count: Annotated[int, Field(ge=0, le=65536)] = 0
-    ram_total_bytes: NonNegInt = 0
-    storage_total_bytes: NonNegInt = 0
+    os: Annotated[Text, Field(max_length=255)] = ""
+    kernel: Annotated[Text, Field(max_length=255)] = ""
+    cpu_model: Annotated[Text, Field(max_length=255)] = ""
+    cpu_count: CpuCount = 0
+    ram_total_bytes: Count = 0
+    storage_total_bytes: Count = 0
 
 
 class GpuInventory(WireModel):
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    index: Annotated[int, Field(ge=0, le=1024)]
-    name: Annotated[str, Field(min_length=1, max_length=200)]
-    pci_bus_id: Annotated[str, Field(min_length=1, max_length=64)]
-    memory_total_bytes: NonNegInt
-    driver_version: Annotated[str, Field(max_length=64)] | None = None
-    cuda_version: Annotated[str, Field(max_length=64)] | None = None
+    uuid: GpuUuid
+    index: GpuIndex
+    name: Annotated[Text, Field(min_length=1, max_length=200)]
+    pci_bus_id: Annotated[Text, Field(min_length=1, max_length=64)]
+    memory_total_bytes: Count
+    driver_version: Annotated[Text, Field(max_length=64)] | None = None
+    cuda_version: Annotated[Text, Field(max_length=64)] | None = None
 
 
 class InventoryReport(WireModel):
     node_id: uuid.UUID
     sequence: Sequence
-    observed_at: AwareDatetime
+    observed_at: Timestamp
     # False when the GPU collector (NVML) failed: absent GPUs are then unknown, not missing.
-    complete: bool
+    complete: Flag
     host: HostFacts
-    gpus: Annotated[list[GpuInventory], Field(max_length=256)] = Field(default_factory=list)
+    gpus: Annotated[
+        list[GpuInventory],
+        Field(max_length=256, description="UUIDs (case-insensitively) and indexes are unique"),
+    ] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _unique_gpus(self) -> InventoryReport:
-        uuids = [gpu.uuid for gpu in self.gpus]
-        if len(set(uuids)) != len(uuids):
-            raise ValueError("each GPU UUID may appear once")
-        return self
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, gpus: list[GpuInventory]) -> list[GpuInventory]:
+        _unique([gpu.uuid for gpu in gpus], "GPU UUID", fold_case=True)
+        _unique([str(gpu.index) for gpu in gpus], "GPU index")
+        return gpus
 
 
 class GpuTelemetry(WireModel):
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    uuid: GpuUuid
     utilization_percent: Percent | None = None
-    memory_used_bytes: NonNegInt | None = None
-    temperature_c: Annotated[float, Field(ge=-100, le=250)] | None = None
-    power_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    memory_used_bytes: Count | None = None
+    temperature_c: Annotated[Number, Field(ge=-100, le=250)] | None = None
+    power_w: Annotated[Number, Field(ge=0, le=10_000)] | None = None
 
 
 class StorageTelemetry(WireModel):
-    path: Annotated[str, Field(min_length=1, max_length=1024)]
-    total_bytes: NonNegInt
-    used_bytes: NonNegInt
+    path: Annotated[Text, Field(min_length=1, max_length=1024)]
+    total_bytes: Count
+    used_bytes: Count
 
 
 class TelemetryReport(WireModel):
     node_id: uuid.UUID
     sequence: Sequence
-    observed_at: AwareDatetime
-    ram_total_bytes: NonNegInt
-    ram_used_bytes: NonNegInt
-    storage: Annotated[list[StorageTelemetry], Field(max_length=64)] = Field(default_factory=list)
-    gpus: Annotated[list[GpuTelemetry], Field(max_length=256)] = Field(default_factory=list)
+    observed_at: Timestamp
+    ram_total_bytes: Count
+    ram_used_bytes: Count
+    storage: Annotated[
+        list[StorageTelemetry], Field(max_length=64, description="paths are unique")
+    ] = Field(default_factory=list)
+    gpus: Annotated[
+        list[GpuTelemetry],
+        Field(max_length=256, description="UUIDs are unique (case-insensitively)"),
+    ] = Field(default_factory=list)
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, gpus: list[GpuTelemetry]) -> list[GpuTelemetry]:
+        _unique([gpu.uuid for gpu in gpus], "GPU UUID", fold_case=True)
+        return gpus
+
+    @field_validator("storage")
+    @classmethod
+    def _unique_paths(cls, storage: list[StorageTelemetry]) -> list[StorageTelemetry]:
+        _unique([item.path for item in storage], "storage path")
+        return storage
 
 
 class NotAppliedReason(StrEnum):

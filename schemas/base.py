@@ -1,27 +1,132 @@
-"""Base model: every wire model rejects unknown fields."""
+"""The wire's building blocks: one base model and one set of constrained types.
+
+Every request model and every query or path parameter is built from these, so a value
+that validates can always be stored: PostgreSQL refuses NUL characters, timestamps
+outside its range, and integers beyond BIGINT, and a refusal there would be a 500.
+
+* **Text** has no control characters (C0, DEL, C1), which also keeps them out of logs.
+  Lone surrogates are refused by pydantic itself once a pattern applies.
+* **Timestamps** carry an offset, their local date lies between 0001-01-02 and
+  9999-12-30 (so every offset converts to UTC), and a JSON number is not a timestamp.
+* **Integers** stay within ±(2**53 - 1): every JSON parser reads them exactly
+  (JavaScript's Number.MAX_SAFE_INTEGER), so do JSON Schema validators that hold
+  numbers as doubles, and they fit a BIGINT column.
+* **Bodies are strict JSON**: ``"5"`` is not 5, ``true`` is not 1, ``0`` is not false.
+  FastAPI validates bodies in Python mode, where model-wide ``strict=True`` would also
+  refuse ISO strings for datetimes and UUIDs; so strictness sits on each scalar type.
+  Query and path parameters always arrive as text: they use the ``*Param`` forms, with
+  the same ranges and patterns and lax parsing of the digits.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+
+SAFE_INT_MAX: Final = 2**53 - 1
+# The first and the last day of Python's (and so asyncpg's) datetime range are refused
+# whatever the offset: any offset (under 24 h) of any other day converts to UTC without
+# overflowing. The JSON Schema carries the same rule as a pattern, so a client's
+# validator and ours agree on every string.
+TIMESTAMP_PATTERN: Final = r"^(?!0001-01-01|9999-12-31)\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}"
+# C0 controls (NUL included), DEL and C1 controls.
+NO_CONTROL_CHARACTERS: Final = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
 class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _require_timezone(value: datetime) -> datetime:
-    # A naive timestamp is ambiguous across hosts; ordering rules need an instant.
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError("timestamp must carry a timezone offset (RFC 3339)")
+# Text -----------------------------------------------------------------------------------
+
+Text = Annotated[str, Strict(), Field(pattern=NO_CONTROL_CHARACTERS)]
+ShortText = Annotated[Text, Field(min_length=1, max_length=255)]
+Name = Annotated[Text, Field(min_length=1, max_length=200)]
+Note = Annotated[Text, Field(max_length=500)]
+# An exact-match filter on a stored column of up to 128 characters.
+FilterText = Annotated[Text, Field(min_length=1, max_length=128)]
+
+LABEL_KEY_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+LABEL_VALUE_PATTERN: Final = r"^[A-Za-z0-9_.-]*$"
+Label = Annotated[str, Strict(), Field(min_length=1, max_length=63, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, Strict(), Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[
+    dict[Label, LabelValue],
+    Field(
+        max_length=64,
+        # pydantic describes key patterns as patternProperties, which still admits any
+        # other key; propertyNames says what the validator really enforces.
+        json_schema_extra={
+            "propertyNames": {"minLength": 1, "maxLength": 63, "pattern": LABEL_KEY_PATTERN},
+            "additionalProperties": False,
+        },
+    ),
+]
+
+# Numbers --------------------------------------------------------------------------------
+
+
+def json_integer(value: Any) -> Any:
+    # JSON has one number type, and JSON Schema calls 5.0 an integer: take it as 5. A
+    # bool is not a number, and a string stays a string (the strict check refuses it).
+    if isinstance(value, float) and value.is_integer() and abs(value) <= SAFE_INT_MAX:
+        return int(value)
     return value
 
 
-AwareDatetime = Annotated[datetime, AfterValidator(_require_timezone)]
-Label = Annotated[
-    str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*)$")
+# The integral-float step comes last so that it runs first, and the bounds stay on the
+# integer itself, where the JSON Schema shows them as minimum and maximum. A type that
+# needs other bounds is written out the same way (adding a Field on top of one of these
+# would hide its bounds from the schema).
+Integer = Annotated[
+    int, Strict(), Field(ge=-SAFE_INT_MAX, le=SAFE_INT_MAX), BeforeValidator(json_integer)
 ]
-LabelValue = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9_.-]*$")]
-Labels = Annotated[dict[Label, LabelValue], Field(max_length=64)]
+Count = Annotated[int, Strict(), Field(ge=0, le=SAFE_INT_MAX), BeforeValidator(json_integer)]
+Flag = Annotated[bool, Strict()]
+# An int is a float (JSON does not tell them apart); a bool or a string is not.
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+
+CountParam = Annotated[int, Field(ge=0, le=SAFE_INT_MAX)]
+PositiveParam = Annotated[int, Field(ge=1, le=SAFE_INT_MAX)]
+
+# Timestamps -----------------------------------------------------------------------------
+
+
+_TIMESTAMP_START = re.compile(TIMESTAMP_PATTERN)
+
+
+def _text_or_datetime(value: Any) -> Any:
+    # pydantic would read a number, or a string of digits, as seconds since the epoch;
+    # the wire says RFC 3339.
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and _TIMESTAMP_START.match(value):
+        return value
+    raise ValueError(
+        "a timestamp is an RFC 3339 string between 0001-01-02 and 9999-12-30 (local date)"
+    )
+
+
+def _bounded_instant(value: datetime) -> datetime:
+    # A naive timestamp is ambiguous across hosts; ordering rules need an instant.
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("timestamp must carry a timezone offset (RFC 3339)")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:  # only a datetime built in Python can get here
+        raise ValueError("timestamp is outside years 1..9999 in UTC") from None
+    return value
+
+
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_text_or_datetime),
+    AfterValidator(_bounded_instant),
+    Field(
+        description="RFC 3339 with an offset; the local date between 0001-01-02 and 9999-12-30",
+        json_schema_extra={"pattern": TIMESTAMP_PATTERN},
+    ),
+]

@@ -13,6 +13,9 @@ from schemas.base import WireModel
 class ErrorCode(StrEnum):
     # 422 / 413
     VALIDATION_FAILED = "validation_failed"
+    # Not JSON at all: invalid UTF-8, a syntax error, nesting or a number beyond the
+    # parser's limits.
+    BODY_UNPARSEABLE = "body_unparseable"
     BODY_TOO_LARGE = "body_too_large"
     # 401
     CREDENTIAL_MISSING = "credential_missing"
@@ -43,6 +46,7 @@ class ErrorCode(StrEnum):
     # 500 / 503
     INTERNAL_ERROR = "internal_error"
     BROKER_UNAVAILABLE = "broker_unavailable"
+    DATABASE_UNAVAILABLE = "database_unavailable"
 
 
 class FieldError(WireModel):

@@ -42,7 +42,7 @@ def call_admin(
     client: httpx.Client, method: str, path: str, headers: dict[str, str]
 ) -> httpx.Response:
     concrete = path
-    for name in ("node_id", "token_id"):
+    for name in ("node_id", "token_id", "incident_id"):
         concrete = concrete.replace("{" + name + "}", str(uuid.uuid4()))
     concrete = concrete.replace("{seq}", "1")
     assert "{" not in concrete, path

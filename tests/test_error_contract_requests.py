@@ -223,9 +223,9 @@ def test_malformed_json_is_422(shared_api: RunningApi) -> None:
         headers = {**node.headers, "Content-Type": "application/json"}
         for path, method in ((HEARTBEAT, "POST"), (INVENTORY, "PUT"), (TELEMETRY, "PUT")):
             response = client.request(method, path, content=b'{"node_id": ', headers=headers)
-            assert_error(response, 422, "validation_failed")
+            assert_error(response, 422, "body_unparseable")
         response = client.post(ENROLL, content=b"{not json", headers=headers)
-        assert_error(response, 422, "validation_failed")
+        assert_error(response, 422, "body_unparseable")
         response = client.post(
             ENROLL, content=b"[1, 2]", headers={"Content-Type": "application/json"}
         )
@@ -409,7 +409,11 @@ def test_unknown_route_and_wrong_method(shared_api: RunningApi) -> None:
         assert_error(client.get(ENROLL), 405, "method_not_allowed")
         response = client.put(HEARTBEAT, json={})
         assert_error(response, 405, "method_not_allowed")
-        assert "POST" in response.headers.get("allow", "")
+        assert response.headers["allow"] == "POST"
+        # Every method of the path, not only those of the first route that matched.
+        response = client.delete(f"{NODES}/{uuid.uuid4()}", headers=shared_api.admin_headers)
+        assert_error(response, 405, "method_not_allowed")
+        assert response.headers["allow"] == "GET, HEAD, PATCH"
 
 
 def test_node_credential_is_refused_on_admin_routes(shared_api: RunningApi) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, status
+from fastapi import APIRouter, Depends, Query, status
 
-from api.admin import audit_log, credentials, dead_letters, decommission, nodes, tokens
+from api.admin import audit_log, credentials, dead_letters, decommission, fleet, nodes, tokens
 from api.deps import AdminTransaction, State, require_operator
 from schemas.admin import (
+    AcknowledgeIncident,
     AuditList,
     AuditQuery,
     CreateEnrollmentToken,
@@ -24,16 +25,24 @@ from schemas.admin import (
     EnrollmentTokenCreated,
     EnrollmentTokenInfo,
     EnrollmentTokenList,
+    FleetIncidentInfo,
+    FleetIncidentList,
+    FleetSafety,
+    LabelFilter,
     Liveness,
     NodeDetail,
     NodeList,
     NodePatch,
+    PageLimit,
     TokenState,
 )
+from schemas.base import CountParam, FilterText, PositiveParam
 from schemas.errors import ErrorBody
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)
+    # 503: the database (or, for dead letters, NATS) is unavailable.
+    code: {"model": ErrorBody}
+    for code in (401, 403, 404, 409, 413, 422, 503)
 }
 
 # The router-level dependency makes fail-closed structural: a route added here
@@ -47,6 +56,7 @@ router = APIRouter(
 NODES = "/hardware/nodes"
 DEAD_LETTERS = "/workers/dead-letters"
 TOKENS = "/hardware/enrollment-tokens"
+FLEET = "/fleet"
 
 
 @router.post(TOKENS, status_code=status.HTTP_201_CREATED)
@@ -60,7 +70,7 @@ async def create_token(
 async def list_tokens(
     session: AdminTransaction,
     state: TokenState | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: PageLimit = 100,
 ) -> EnrollmentTokenList:
     return EnrollmentTokenList(items=await tokens.list_tokens(session, state, limit))
 
@@ -75,9 +85,11 @@ async def list_nodes(
     session: AdminTransaction,
     state: State,
     liveness: Annotated[list[Liveness] | None, Query()] = None,
-    label: Annotated[list[str] | None, Query(description="key=value or key; repeatable")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    label: Annotated[
+        list[LabelFilter] | None, Query(max_length=64, description="key=value or key; repeatable")
+    ] = None,
+    limit: PageLimit = 100,
+    offset: CountParam = 0,
 ) -> NodeList:
     items = await nodes.list_nodes(
         session,
@@ -133,12 +145,31 @@ async def query_audit(
     return await audit_log.query_audit(session, query)
 
 
+@router.get(FLEET)
+async def fleet_safety(session: AdminTransaction) -> FleetSafety:
+    return await fleet.safety(session)
+
+
+@router.get(FLEET + "/incidents")
+async def list_fleet_incidents(
+    session: AdminTransaction, limit: PageLimit = 100
+) -> FleetIncidentList:
+    return await fleet.list_incidents(session, limit)
+
+
+@router.post(FLEET + "/incidents/{incident_id}/acknowledge")
+async def acknowledge_fleet_incident(
+    incident_id: uuid.UUID, body: AcknowledgeIncident, session: AdminTransaction
+) -> FleetIncidentInfo:
+    return await fleet.acknowledge(session, incident_id, body.reason)
+
+
 @router.get(DEAD_LETTERS)
 async def list_dead_letters(
     state: State,
-    queue: str | None = None,
-    after_seq: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    queue: FilterText | None = None,
+    after_seq: CountParam = 0,
+    limit: Annotated[PageLimit, Query(le=500)] = 50,
 ) -> DeadLetterList:
     return await dead_letters.list_dead_letters(
         state.broker, state.broker_names, queue=queue, after_seq=after_seq, limit=limit
@@ -146,15 +177,15 @@ async def list_dead_letters(
 
 
 @router.get(DEAD_LETTERS + "/{seq}")
-async def get_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> DeadLetterInfo:
+async def get_dead_letter(seq: PositiveParam, state: State) -> DeadLetterInfo:
     return await dead_letters.get_dead_letter(state.broker, state.broker_names, seq)
 
 
 @router.post(DEAD_LETTERS + "/{seq}/replay")
-async def replay_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> DeadLetterReplayed:
+async def replay_dead_letter(seq: PositiveParam, state: State) -> DeadLetterReplayed:
     return await dead_letters.replay(state.broker, state.broker_names, seq)
 
 
 @router.delete(DEAD_LETTERS + "/{seq}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_dead_letter(seq: Annotated[int, Path(ge=1)], state: State) -> None:
+async def delete_dead_letter(seq: PositiveParam, state: State) -> None:
     await dead_letters.delete(state.broker, state.broker_names, seq)

@@ -20,7 +20,9 @@ from schemas.agent import (
 from schemas.errors import ErrorBody
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 409, 413, 422)
+    # 503: the database is unavailable (Retry-After).
+    code: {"model": ErrorBody}
+    for code in (401, 403, 409, 413, 422, 503)
 }
 
 router = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=_ERRORS)
