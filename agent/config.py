@@ -67,6 +67,9 @@ class AgentConfig(BaseSettings):
     request_timeout_s: float = Field(default=10.0, gt=0)
     retry_initial_s: float = Field(default=0.5, gt=0)
     retry_max_s: float = Field(default=30.0, gt=0)
+    # Attempts at one heartbeat, inventory or telemetry publication on transport errors,
+    # 5xx and 429 before it is dropped: newer state follows at the next interval.
+    retry_max_attempts: int = Field(default=5, ge=1, le=100)
     # After 401 credential_revoked/invalid: watch the state dir this long for a replacement
     # installed with `modelforge agent install-credential` before stopping.
     credential_reload_wait_s: float = Field(default=30.0, ge=0)

@@ -8,10 +8,13 @@ nothing else: never the response body, never a secret.
     ├── ConfigError            the configuration cannot work
     ├── StateError             the state dir is missing, unreadable or inconsistent
     └── RequestFailed          one request to the API failed
-        ├── Transient          transport error, 5xx or 429: retried with backoff
+        ├── Transient          transport error, 5xx or 429: retried with backoff, a
+        │                      bounded number of times per payload
         ├── Rejected           401/403: stop publishing (revoked, disabled, ...)
-        ├── Conflict           409: replayed sequence, protocol version, identity
-        └── Refused            any other 4xx, or an answer we cannot read
+        ├── Conflict           409: replayed sequence (the cursor jumps), protocol
+        │                      version or identity (stop), other codes (final)
+        └── Refused            any other 4xx, or an answer we cannot read: final for
+                               that payload, which is dropped (logged once)
 """
 
 from __future__ import annotations
@@ -186,14 +189,18 @@ _FATAL_CONFLICTS = {
 
 
 class Conflict(RequestFailed):
-    """409. A replayed sequence carries the server's cursor; the rest are fatal."""
+    """409. A replayed sequence carries the server's cursor; the protocol and identity
+    codes are fatal; any other (a newer server's code, state_conflict) only refuses that
+    one payload."""
 
     # The server's cursor of the stream, from the error body (sequence_replayed only).
     cursor: int | None = None
 
     @property
     def fatal(self) -> bool:
-        return self.code != ErrorCode.SEQUENCE_REPLAYED
+        # Only the codes known to refuse every later payload too stop the agent; an
+        # unknown one is taken as a refusal of this payload, like any other 4xx.
+        return self.code in _FATAL_CONFLICTS
 
     @property
     def advice(self) -> str:
@@ -207,6 +214,16 @@ class Conflict(RequestFailed):
 def stops_publishing(error: AgentError) -> bool:
     """True for refusals after which the agent must stop rather than retry."""
     return isinstance(error, Rejected) or (isinstance(error, Conflict) and error.fatal)
+
+
+def final_for_payload(error: AgentError) -> bool:
+    """True for a refusal of one payload (any 4xx but 401/403 and the fatal 409s, or an
+    unreadable answer): sending it again cannot help, so it is dropped, not retried."""
+    return (
+        isinstance(error, RequestFailed)
+        and not isinstance(error, Transient | Rejected)
+        and not stops_publishing(error)
+    )
 
 
 def advice_for(error: AgentError) -> str:

@@ -6,11 +6,19 @@
 * telemetry: every telemetry_interval_s.
 
 Each publication is retried by tenacity with exponential backoff and full jitter, for
-transient failures only (transport errors, 5xx, 429; Retry-After is honoured). Every
-attempt is built afresh: a new observation and a new sequence number, so a retry never
-replays a sequence even when the earlier attempt reached the server. A replayed sequence
-(409 sequence_replayed) means the local cursor is behind the server's (a restored state
-dir): the cursor jumps past the server's, is persisted, and the sample is sent again.
+transient failures only (transport errors, 5xx, 429; Retry-After is honoured), at most
+retry_max_attempts times: then it is dropped with one log line and the loop goes on at
+its next interval. Every attempt is built afresh: a new observation and a new sequence
+number, so old state is never resent once newer state exists, and a retry never replays
+a sequence even when the earlier attempt reached the server. The backoff of a stream
+keeps growing across dropped publications until one gets through.
+
+Any other 4xx (400, 404, 413, 422, a 409 other than the fatal ones) is final for that
+payload: one log line, no retry, and the next publication goes at the next interval with
+the next sequence number (an inventory refused as it is is not sent again until it
+changes or is due). A replayed sequence (409 sequence_replayed) means the local cursor
+is behind the server's (a restored state dir): the cursor jumps past the server's, is
+persisted, and the sample is sent again.
 
 401/403 and fatal 409s stop all three loops; `run` returns that error. Nothing is sent
 after the stop event is set.
@@ -41,7 +49,9 @@ from agent.errors import (
     Rejected,
     RejectionKind,
     RequestFailed,
+    Transient,
     advice_for,
+    final_for_payload,
     stops_publishing,
 )
 from agent.retry import Stopped, interruptible_sleep, retry_transient
@@ -60,6 +70,9 @@ logger = logging.getLogger("modelforge.agent")
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
 REPLAY_JUMPS = 3
+# A replay answer without the server's cursor: skip 1024, then 1024**2, then 1024**3
+# ahead. Sequences must rise, not be contiguous, and 2**63 leaves room for any skip.
+UNKNOWN_CURSOR_SKIP = 1024
 
 
 class HostSource(Protocol):
@@ -77,6 +90,8 @@ class Timing:
     inventory_interval_s: float = 600.0
     retry_initial_s: float = 0.5
     retry_max_s: float = 30.0
+    # Attempts at one publication on transient failures before it is dropped.
+    retry_max_attempts: int = 5
 
 
 @dataclass
@@ -133,6 +148,8 @@ class Publisher:
         self.credential_generation = 0
         self._stop = asyncio.Event()
         self._not_applied: dict[str, str | None] = {}
+        # Transient failures in a row per loop, so backoff grows across dropped payloads.
+        self._transient_streak: Counter[str] = Counter()
         # The last inventory sent (as JSON), when the next periodic one is due, and the
         # last collection problem logged.
         self._inventory_sent = ""
@@ -223,7 +240,10 @@ class Publisher:
                     max_s=self.timing.retry_max_s,
                     prefix=self.prefix,
                     on_failure=lambda error: self._count_failure(operation, error),
+                    max_attempts=self.timing.retry_max_attempts,
+                    earlier_failures=self._transient_streak[operation],
                 )
+                self._transient_streak[operation] = 0
                 if sent:
                     self.stats.sent[operation] += 1
                     logger.debug("%s%s published", self.prefix, operation)
@@ -237,6 +257,15 @@ class Publisher:
                     raise Stopped from None
                 self._log_rejection(operation, error)
                 raise _Fatal(error) from None
+            except Transient as error:
+                # Its retries are spent. Every attempt was a fresh sample, and the next
+                # interval brings a newer one: nothing is lost by dropping this one.
+                outcome = (
+                    f"gave up after {self.timing.retry_max_attempts} attempts; dropped, "
+                    "newer state is sent at the next interval"
+                )
+                logger.error("%s%s", self.prefix, failure_line(operation, error, outcome))
+                return
             except RequestFailed as error:
                 if stops_publishing(error):
                     logger.error(
@@ -245,18 +274,20 @@ class Publisher:
                         failure_line(operation, error, f"stopping: {advice_for(error)}"),
                     )
                     raise _Fatal(error) from None
-                logger.error(
-                    "%s%s",
-                    self.prefix,
-                    failure_line(
-                        operation, error, "not retried; trying again at the next interval"
-                    ),
-                )
+                # A 4xx: sending it again cannot help. The next payload takes the next
+                # sequence number, so it is not refused as a replay of this one.
+                outcome = "final for this payload: dropped, not retried; the next one follows"
+                logger.error("%s%s", self.prefix, failure_line(operation, error, outcome))
                 return
 
     def _count_failure(self, operation: str, error: RequestFailed) -> None:
         status = error.status if error.status is not None else "-"
         self.stats.failures[f"{operation} {error.failure_class.value} {status}"] += 1
+        # Only unreachability grows the backoff: any answer proves the API is back.
+        if isinstance(error, Transient):
+            self._transient_streak[operation] += 1
+        else:
+            self._transient_streak[operation] = 0
 
     async def _credential_replaced(self, error: Rejected, generation: int) -> bool:
         if error.kind not in (RejectionKind.REVOKED, RejectionKind.INVALID):
@@ -305,7 +336,7 @@ class Publisher:
         self, stream: str, send: Callable[[int], Awaitable[IngestResult]]
     ) -> IngestResult:
         replayed: Conflict | None = None
-        for _ in range(REPLAY_JUMPS):
+        for jump in range(REPLAY_JUMPS):
             sequence = self.sequences.take(stream)
             try:
                 result = await send(sequence)
@@ -313,14 +344,20 @@ class Publisher:
                 if conflict.code != ErrorCode.SEQUENCE_REPLAYED:
                     raise
                 replayed = conflict
-                cursor = conflict.cursor if conflict.cursor is not None else sequence
+                if conflict.cursor is not None:
+                    cursor, known = conflict.cursor, f"server cursor {conflict.cursor}"
+                else:
+                    # Something between us and the API dropped the cursor: skip ahead,
+                    # further each time, rather than crawl up one by one.
+                    cursor = sequence + UNKNOWN_CURSOR_SKIP ** (jump + 1)
+                    known = "server cursor not reported"
                 logger.warning(
-                    "%s%s sequence %d was already received (server cursor %d): the local "
-                    "cursor was behind (a restored state dir?); moving past it",
+                    "%s%s sequence %d was already received (%s): the local cursor was "
+                    "behind (a restored state dir?); moving past it",
                     self.prefix,
                     stream,
                     sequence,
-                    cursor,
+                    known,
                 )
                 self.sequences.advance_past(stream, cursor)
                 continue
@@ -383,7 +420,15 @@ class Publisher:
                 )
             )
 
-        await self._sequenced("inventory", send)
+        try:
+            await self._sequenced("inventory", send)
+        except RequestFailed as error:
+            # Refused as it is: the same inventory again would be refused again. (A replay
+            # refused the sequence number, not the inventory: that goes at the next check.)
+            if final_for_payload(error) and error.code != ErrorCode.SEQUENCE_REPLAYED:
+                self._inventory_sent = fingerprint
+                self._inventory_due = now + self.timing.inventory_interval_s
+            raise
         if self._inventory_sent and fingerprint != self._inventory_sent:
             logger.info("%sinventory changed; sent", self.prefix)
         self._inventory_sent = fingerprint

@@ -53,6 +53,7 @@ def timing_of(config: AgentConfig) -> Timing:
         inventory_interval_s=config.inventory_interval_s,
         retry_initial_s=config.retry_initial_s,
         retry_max_s=config.retry_max_s,
+        retry_max_attempts=config.retry_max_attempts,
     )
 
 

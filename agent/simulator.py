@@ -39,6 +39,7 @@ from agent.retry import Stopped, interruptible_sleep, retry_transient
 from agent.state import Sequences
 from schemas.admin import CreateEnrollmentToken
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest, HostFacts, StorageTelemetry
+from schemas.stack import StackFileError, operator_key_from, read_stack_info
 
 logger = logging.getLogger("modelforge.agent.simulator")
 
@@ -281,19 +282,32 @@ class Fleet:
         )
 
 
-def run_simulate(args: argparse.Namespace) -> int:
+def _target(args: argparse.Namespace) -> tuple[str, str]:
+    """(API URL, operator key): the flags, then the environment, then the stack file of
+    the running `modelforge up`; never a default port where another API may answer."""
+    api_url: str | None = args.api_url
     key = args.operator_key or os.environ.get("MODELFORGE_OPERATOR_API_KEY", "")
-    if not key:
-        print(
-            "modelforge simulate: an operator key is needed to create enrollment tokens "
-            "(--operator-key or MODELFORGE_OPERATOR_API_KEY)",
-            file=sys.stderr,
-        )
+    if api_url is None or not key:
+        try:
+            info = read_stack_info()
+            api_url = api_url or info.api_url
+            key = key or operator_key_from(info)
+        except StackFileError as exc:
+            missing = "--api-url" if api_url is None else "--operator-key"
+            raise SystemExit(f"modelforge simulate: {missing} is needed: {exc}") from None
+    return api_url, key
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    try:
+        api_url, key = _target(args)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
         return 2
     configure_logging(args.log_level)
     options = SimOptions(
         nodes=args.nodes,
-        api_url=args.api_url,
+        api_url=api_url,
         operator_key=key,
         duration_s=args.duration,
         heartbeat_interval_s=args.heartbeat_interval,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.harness import agents
-from tests.test_stack import UpProcess
+from tests.up_process import UpProcess
 
 __all__ = ["agents", "modelforge_up"]
 

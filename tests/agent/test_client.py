@@ -24,9 +24,10 @@ from agent.errors import (
     RejectionKind,
     RequestFailed,
     Transient,
+    final_for_payload,
     stops_publishing,
 )
-from agent.retry import Stopped, retry_transient
+from agent.retry import Stopped, backoff_s, retry_transient
 from schemas.agent import EnrollRequest, HeartbeatRequest, TelemetryReport
 
 CANARY = "canary-echo-0123456789"
@@ -281,7 +282,73 @@ async def test_other_failures_are_not_retried(error: RequestFailed) -> None:
 async def test_a_stop_ends_retrying_without_another_attempt() -> None:
     call, calls = flaky([transient() for _ in range(100)])
     stop = asyncio.Event()
-    asyncio.get_running_loop().call_later(0.3, stop.set)
+    sent_after_stop: list[bool] = []
+
+    async def watched() -> Any:
+        sent_after_stop.append(stop.is_set())
+        return await call()
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    loop.call_later(0.3, stop.set)
     with pytest.raises(Stopped):
-        await retry_transient("op", call, stop=stop, initial_s=5, max_s=5)
-    assert len(calls) == 1  # the 5 s backoff was cut short, and nothing more was sent
+        await retry_transient("op", watched, stop=stop, initial_s=5, max_s=5)
+    # Full jitter may pick a wait under 0.3 s, so there can be a second attempt before the
+    # stop; but the wait under way was cut short, and nothing was sent after the stop.
+    assert loop.time() - started < 2
+    assert calls and not any(sent_after_stop)
+
+
+async def test_retries_of_one_call_are_bounded_by_max_attempts() -> None:
+    call, calls = flaky([transient() for _ in range(10)])
+    seen: list[RequestFailed] = []
+    with pytest.raises(Transient):
+        await retry_transient(
+            "op",
+            call,
+            stop=asyncio.Event(),
+            initial_s=0.01,
+            max_s=0.02,
+            on_failure=seen.append,
+            max_attempts=3,
+        )
+    assert len(calls) == 3 and len(seen) == 3  # the last failure is raised, not retried
+
+
+def test_the_backoff_grows_with_failures_in_a_row_up_to_its_cap() -> None:
+    bounds = [
+        max(backoff_s(failures, initial_s=1.0, max_s=30.0) for _ in range(200))
+        for failures in (1, 3, 10_000)
+    ]
+    assert bounds[0] <= 1.0 < bounds[1] <= 4.0 < bounds[2] <= 30.0  # and no overflow
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "final"),
+    [
+        (422, "validation_failed", True),
+        (413, "body_too_large", True),
+        (404, "not_found", True),
+        (400, "a_code_from_a_newer_server", True),
+        # A 409 stops the agent only for the codes that refuse every later payload too.
+        (409, "state_conflict", True),
+        (409, "a_code_from_a_newer_server", True),
+        (409, "sequence_replayed", True),
+        (409, "protocol_version_unsupported", False),
+        (409, "node_terminal", False),
+        (401, "credential_revoked", False),
+        (403, "node_disabled", False),
+        (503, "internal_error", False),
+        (429, "internal_error", False),
+    ],
+)
+async def test_which_refusals_are_final_for_their_payload_only(
+    status: int, code: str, final: bool
+) -> None:
+    client, seen = client_answering(status, error_body(code))
+    with pytest.raises(RequestFailed) as caught:
+        await client.put_telemetry(telemetry())
+    assert final_for_payload(caught.value) is final
+    if final:
+        assert not stops_publishing(caught.value)
+    assert len(seen) == 1

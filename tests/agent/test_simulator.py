@@ -19,26 +19,29 @@ import pytest
 from tests.agent.harness import REPO, clean_env
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.flows import NODES
-from tests.test_stack import UpProcess
+from tests.up_process import UpProcess
 
 ApiFactory = Callable[..., RunningApi]
 
 
-def simulate(api_url: str, key: str, *args: str, timeout_s: float = 120) -> str:
+def simulate(
+    api_url: str | None,
+    key: str | None,
+    *args: str,
+    timeout_s: float = 120,
+    data_dir: Path | None = None,
+) -> str:
+    """Run `modelforge simulate`; with no URL and key it must find them in data_dir."""
+    target = []
+    if api_url is not None:
+        target += ["--api-url", api_url]
+    if key is not None:
+        target += ["--operator-key", key]
+    env = clean_env(**({"MODELFORGE_DATA_DIR": str(data_dir)} if data_dir else {}))
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "simulate",
-            "--api-url",
-            api_url,
-            "--operator-key",
-            key,
-            *args,
-        ],
+        [sys.executable, "-m", "cli.main", "simulate", *target, *args],
         cwd=REPO,
-        env=clean_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -94,17 +97,21 @@ def test_simulated_fleet_publishes_without_errors(api_factory: ApiFactory) -> No
     assert detail["telemetry"]["gpus"] and detail["telemetry_stream"]["cursor"] >= 2
 
 
-def test_simulator_needs_an_operator_key() -> None:
+def test_simulator_needs_an_operator_key(tmp_path: Path) -> None:
+    """Without a key and without a running `up` to take it from: one line, status 2."""
+    argv = ["simulate", "--nodes", "1", "--api-url", "http://127.0.0.1:9"]
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "simulate", "--nodes", "1"],
+        [sys.executable, "-m", "cli.main", *argv],
         cwd=REPO,
-        env=clean_env(),
+        env=clean_env(MODELFORGE_DATA_DIR=str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert result.returncode == 2 and "operator key" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "--operator-key is needed" in result.stderr and "stack.json" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow
@@ -116,11 +123,13 @@ def test_500_simulated_nodes_against_modelforge_up(
 
     port = free_port()
     up = modelforge_up(pg_tmp_path / "data", port)
-    key = up.wait_for(r"Operator key: (\S+)", timeout_s=180).group(1)
+    up.wait_for(r"ModelForge is up", timeout_s=180)
+    key = (pg_tmp_path / "data" / "operator_api_key").read_text().strip()
     base = f"http://127.0.0.1:{port}"
+    # No URL and no key: the simulator finds both through up's stack file.
     output = simulate(
-        base,
-        key,
+        None,
+        None,
         "--nodes",
         "500",
         "--duration",
@@ -137,6 +146,7 @@ def test_500_simulated_nodes_against_modelforge_up(
         "--concurrency",
         "24",
         timeout_s=400,
+        data_dir=pg_tmp_path / "data",
     )
     assert "simulated 500/500 nodes" in output, output
     run_id = run_id_of(output)

@@ -45,13 +45,14 @@ def client_context(pki: Path, client: str) -> ssl.SSLContext:
 
 
 @pytest.fixture
-def tls_api(database_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def tls_api(database_url: str, nats_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """(https base URL, PKI dir) of a real API process that requires client certificates."""
     pki = mint(tmp_path / "pki", "agent-1", "operator")
     port = free_port()
     log = (tmp_path / "api.log").open("wb")
     env = clean_env(
         MODELFORGE_DATABASE_URL=database_url,
+        MODELFORGE_NATS_URL=nats_url,
         MODELFORGE_OPERATOR_API_KEY=OPERATOR_KEY,
         MODELFORGE_PORT=str(port),
         MODELFORGE_HEARTBEAT_INTERVAL_S="0.3",
