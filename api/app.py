@@ -16,6 +16,7 @@ from api.health import router as health_router
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
+from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
 from store.engine import make_engine, make_sessionmaker
@@ -33,14 +34,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
             )
         engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
         broker = BrokerLink(settings.nats_url)
+        sessions = make_sessionmaker(engine)
         app.state.modelforge = ApiState(
-            settings=settings,
-            engine=engine,
-            sessions=make_sessionmaker(engine),
-            broker=broker,
+            settings=settings, engine=engine, sessions=sessions, broker=broker
         )
         try:
-            yield
+            async with presence_beat(
+                sessions, period_s=settings.presence_period_s, gap_s=settings.presence_gap_s
+            ):
+                yield
         finally:
             await broker.close()
             await engine.dispose()

@@ -47,6 +47,19 @@ class BrokerLink:
                     ) from None
             return self._nc.jetstream(timeout=self._timeout_s)
 
+    async def ping(self, timeout_s: float) -> bool:
+        """True when NATS answers a round trip within timeout_s (for /readyz)."""
+        try:
+            await asyncio.wait_for(self._ping(), timeout_s)
+        except (ServiceUnavailable, OSError, TimeoutError, nats.errors.Error):
+            return False
+        return True
+
+    async def _ping(self) -> None:
+        await self.jetstream()
+        assert self._nc is not None
+        await self._nc.flush(timeout=max(1, round(self._timeout_s)))
+
     async def _close(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None:

@@ -1,13 +1,33 @@
-"""Process health (`/healthz`) and readiness, meaning the database answers (`/readyz`)."""
+"""Process health (`/healthz`) and readiness of the whole pipeline (`/readyz`).
+
+`/healthz` says only that the process serves HTTP. `/readyz` says whether a change
+accepted now reaches its consumers: the database answers, NATS answers, and the outbox
+relay keeps up (a backlog or an oldest unsent event beyond the thresholds means events
+are stalling, e.g. no worker runs). Each check is bounded in time, so a hung dependency
+makes the answer "not ready", never a hung probe.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from fastapi import APIRouter
-from sqlalchemy import text
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import State
+from api.state import ApiState
+from schemas.health import CheckState, OutboxState, Readiness
+from store.fleet import partition_hold_active
+from store.models import OutboxEvent
+
+logger = logging.getLogger("modelforge.api.health")
 
 router = APIRouter(tags=["health"])
+
+CHECK_TIMEOUT_S = 2.0
 
 
 @router.get("/healthz")
@@ -15,8 +35,53 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
-async def readyz(state: State) -> dict[str, str]:
-    async with state.engine.connect() as connection:
-        await connection.execute(text("SELECT 1"))
-    return {"status": "ready"}
+async def _database(state: ApiState) -> tuple[OutboxState, bool]:
+    settings = state.settings
+    async with state.sessions() as session:
+        unsent = (
+            select(OutboxEvent.created_at)
+            .where(OutboxEvent.sent_at.is_(None))
+            .order_by(OutboxEvent.position)
+            .limit(settings.ready_outbox_backlog_max + 1)
+            .subquery()
+        )
+        row = (
+            await session.execute(
+                select(
+                    func.count(),
+                    func.extract(
+                        "epoch", func.statement_timestamp() - func.min(unsent.c.created_at)
+                    ),
+                ).select_from(unsent)
+            )
+        ).one()
+        hold = await partition_hold_active(session)
+    backlog, oldest = int(row[0]), (float(row[1]) if row[1] is not None else None)
+    lagging = backlog > settings.ready_outbox_backlog_max or (
+        oldest is not None and oldest > settings.ready_outbox_lag_max_s
+    )
+    outbox = OutboxState(
+        state=CheckState.LAGGING if lagging else CheckState.OK,
+        backlog=backlog,
+        oldest_unsent_s=oldest,
+    )
+    return outbox, hold
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(state: State) -> JSONResponse:
+    database, outbox, hold = CheckState.OK, None, False
+    try:
+        outbox, hold = await asyncio.wait_for(_database(state), CHECK_TIMEOUT_S)
+    except (SQLAlchemyError, OSError, TimeoutError) as exc:
+        logger.warning("readiness: database %s", type(exc).__name__)
+        database = CheckState.UNREACHABLE
+    nats = CheckState.OK if await state.broker.ping(CHECK_TIMEOUT_S) else CheckState.UNREACHABLE
+    ready = (
+        database is CheckState.OK
+        and nats is CheckState.OK
+        and outbox is not None
+        and outbox.state is CheckState.OK
+    )
+    body = Readiness(ready=ready, database=database, nats=nats, outbox=outbox, partition_hold=hold)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)

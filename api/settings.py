@@ -13,7 +13,9 @@ class ApiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
     database_url: str = Field(description="SQLAlchemy URL, postgresql+asyncpg://...")
-    nats_url: str = "nats://127.0.0.1:4222"
+    # Required, like the database: a default would quietly reach whatever NATS listens
+    # on this host's 4222, which is often not ours.
+    nats_url: str
     # Unset or empty: every admin route refuses (fail closed).
     operator_api_key: SecretStr | None = None
     host: str = "127.0.0.1"
@@ -22,9 +24,19 @@ class ApiSettings(BaseSettings):
     stale_after_s: float = Field(default=30.0, gt=0)
     offline_after_s: float = Field(default=90.0, gt=0)
     future_skew_limit_s: float = Field(default=300.0, ge=0)
+    # Restart grace (store/fleet.py): every API process refreshes its presence this
+    # often; no refresh for presence_gap_s is an outage, and heartbeats that predate it
+    # count from its end plus restart_grace_s. The workers read the same two settings.
+    presence_period_s: float = Field(default=1.0, gt=0)
+    presence_gap_s: float = Field(default=5.0, gt=0)
+    restart_grace_s: float = Field(default=30.0, ge=0)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
     log_level: str = "INFO"
+    # /readyz answers 503 when the relay is this far behind (events stall: no worker
+    # runs, or NATS refuses them).
+    ready_outbox_backlog_max: int = Field(default=10_000, gt=0)
+    ready_outbox_lag_max_s: float = Field(default=30.0, gt=0)
     # The worker broker's namespace (BrokerSettings.namespace): where the admin API
     # finds the dead-letter stream.
     broker_namespace: str = "modelforge"
@@ -33,6 +45,12 @@ class ApiSettings(BaseSettings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _presence_within_gap(self) -> ApiSettings:
+        if self.presence_period_s * 2 > self.presence_gap_s:
+            raise ValueError("MODELFORGE_PRESENCE_GAP_S must be at least twice PRESENCE_PERIOD_S")
+        return self
 
     @model_validator(mode="after")
     def _tls_complete(self) -> ApiSettings:

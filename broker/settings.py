@@ -8,4 +8,5 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class NatsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    # Unset: the NATS of the running `modelforge up` (its stack file), or an error.
+    nats_url: str | None = None

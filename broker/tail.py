@@ -6,6 +6,7 @@ it never acks, so it cannot disturb the durable consumers of workers or other te
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,16 @@ class TailOptions:
 
 async def tail(nats_url: str, options: TailOptions, emit: Callable[[dict[str, Any]], None]) -> int:
     """Stream matching events to emit() until a stop condition; returns how many."""
-    nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1)
+
+    async def quiet(exc: Exception) -> None:
+        # nats-py prints a traceback per failed attempt by default; the caller reports once.
+        pass
+
+    # Bounded: with reconnects on, nats-py retries an unreachable first server forever.
+    nc = await asyncio.wait_for(
+        nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, error_cb=quiet),
+        timeout=10,
+    )
     try:
         js = nc.jetstream()
         subscription = await js.subscribe(

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 
 def _api(_: argparse.Namespace) -> int:
     import uvicorn
@@ -36,10 +38,10 @@ def _api(_: argparse.Namespace) -> int:
 
 
 def _migrate(_: argparse.Namespace) -> int:
-    from api.settings import ApiSettings
     from store.migrate import upgrade
+    from store.settings import DatabaseSettings
 
-    upgrade(ApiSettings().database_url)
+    upgrade(DatabaseSettings().database_url)
     print("database is at the latest schema revision")
     return 0
 
@@ -99,9 +101,18 @@ def _events_tail(args: argparse.Namespace) -> int:
 
     from broker.settings import NatsSettings
     from broker.tail import TailOptions, tail
+    from cli.errors import unreachable
     from schemas.events import EventType, subject_filter
+    from schemas.stack import read_stack_info
 
-    event_type = EventType(args.type) if args.type else None
+    try:
+        event_type = EventType(args.type) if args.type else None
+    except ValueError:
+        known = ", ".join(sorted(t.value for t in EventType))
+        raise UsageError(f"unknown event type {args.type!r}; one of: {known}") from None
+    # The explicit flag, then the environment, then the stack `modelforge up` runs:
+    # never a default port, where some other NATS may answer.
+    nats_url = args.nats_url or NatsSettings().nats_url or read_stack_info().nats_url
     options = TailOptions(
         subject=subject_filter(args.node, event_type),
         from_start=args.from_start,
@@ -113,7 +124,13 @@ def _events_tail(args: argparse.Namespace) -> int:
         print(json.dumps(event, separators=(",", ":")), flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(tail(NatsSettings().nats_url, options, emit))
+        try:
+            asyncio.run(tail(nats_url, options, emit))
+        except Exception as exc:
+            problem = unreachable(exc)
+            if problem is None:
+                raise
+            raise CommandFailed(f"NATS at {nats_url}: {problem}") from None
     return 0
 
 
@@ -152,8 +169,10 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     install.add_argument("--config-override", dest="install_override", type=Path)
     sim = add("simulate", _simulate, "run N simulated agents in one process")
     sim.add_argument("--nodes", type=int, default=10)
-    sim.add_argument("--api-url", default="http://127.0.0.1:8080")
-    sim.add_argument("--operator-key", help="default: MODELFORGE_OPERATOR_API_KEY")
+    sim.add_argument("--api-url", help="default: the running `modelforge up` (its stack file)")
+    sim.add_argument(
+        "--operator-key", help="default: MODELFORGE_OPERATOR_API_KEY, else the running `up`'s"
+    )
     sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
     sim.add_argument("--heartbeat-interval", type=float, default=5.0)
     sim.add_argument("--telemetry-interval", type=float, default=10.0)
@@ -193,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     events = commands.add_parser("events", help="node events on JetStream")
     event_commands = events.add_subparsers(dest="events_command", required=True)
     tail = event_commands.add_parser("tail", help="print events as JSON lines")
+    tail.add_argument(
+        "--nats-url", help="default: MODELFORGE_NATS_URL, else the running `modelforge up`"
+    )
     tail.add_argument("--node", help="only this node id")
     tail.add_argument("--type", help="only this event type, e.g. node.gpu.missing")
     tail.add_argument("--from-start", action="store_true", help="replay the whole stream first")
@@ -205,10 +227,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(Exception):
+    """A mistake in how the command was called; one line, exit status 2."""
+
+
+class CommandFailed(Exception):
+    """A failure the operator can act on (e.g. a server that does not answer); one line."""
+
+
+def _settings_problem(exc: ValidationError) -> str:
+    """A settings ValidationError as one line naming the environment variables."""
+    parts = []
+    for error in exc.errors():
+        name = "MODELFORGE_" + "_".join(str(p) for p in error["loc"]).upper()
+        missing = error["type"] == "missing"
+        parts.append(f"{name} is required" if missing else f"{name}: {error['msg']}")
+    return "; ".join(parts) or str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. What an operator can fix (settings, usage, an unreachable
+    server) is one line on stderr, never a traceback."""
+    from cli.errors import unreachable
+    from schemas.stack import StackFileError
+
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    prefix = f"modelforge {args.command}"
+    try:
+        return handler(args)
+    except ValidationError as exc:
+        print(f"{prefix}: {_settings_problem(exc)}", file=sys.stderr)
+        return 2
+    except (UsageError, StackFileError) as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return 2
+    except CommandFailed as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        problem = unreachable(exc)
+        if problem is None:
+            raise
+        print(f"{prefix}: {problem}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -81,6 +81,11 @@ class EmbeddedNats:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def exit_status(self) -> int | None:
+        """The server's exit status once it has died on its own; None while it runs
+        (or was never started). Polling also reaps it, so it never lingers as a zombie."""
+        return self._proc.poll() if self._proc is not None else None
+
     def start(self) -> None:
         """Start, or restart after stop(), on the port of the first start."""
         if self.running:

@@ -114,6 +114,11 @@ class EmbeddedPostgres:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def exit_status(self) -> int | None:
+        """The server's exit status once it has died on its own; None while it runs
+        (or was never started). Polling also reaps it, so it never lingers as a zombie."""
+        return self._proc.poll() if self._proc is not None else None
+
     def url(self, database: str = "postgres") -> str:
         """SQLAlchemy URL (asyncpg driver) of database on this server."""
         return f"postgresql+asyncpg://{SUPERUSER}@{HOST}:{self.port}/{database}"

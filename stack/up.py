@@ -1,7 +1,9 @@
 """`modelforge up`: the one-command local stack.
 
 Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelforge api` and
-`modelforge worker` as child processes, supervised until Ctrl-C/SIGTERM or until one dies.
+`modelforge worker` as child processes. Every child, the embedded servers included, is
+restarted with backoff when it dies (stack/supervisor.py); only a crash loop stops the
+stack. Clients find the stack through `<data dir>/stack.json` (schemas/stack.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,9 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from schemas.stack import StackInfo, write_stack_info
 from stack.ports import port_is_free
-from stack.processes import start_process, stop_process
 from stack.settings import StackSettings
+from stack.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 
 DATABASE_NAME = "modelforge"
 KEY_FILE = "operator_api_key"
@@ -73,14 +75,12 @@ class _Signals:
                 signal.signal(sig, handler)
 
 
-@dataclass
-class _Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-
-
 def _say(message: str) -> None:
     print(message, flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"modelforge up: {message}", file=sys.stderr, flush=True)
 
 
 def _redact(url: str) -> str:
@@ -101,16 +101,25 @@ def _client_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def operator_key(settings: StackSettings, data_dir: Path) -> tuple[str, str]:
-    """(key, where it came from): the setting, else a key generated once and kept on disk."""
+@dataclass(frozen=True)
+class OperatorKey:
+    value: str
+    # The file it is kept in; None when it came from MODELFORGE_OPERATOR_API_KEY.
+    path: Path | None
+    # True on the run that generated it: the only run that shows it.
+    created: bool
+
+
+def operator_key(settings: StackSettings, data_dir: Path) -> OperatorKey:
+    """The setting, else a key generated once and kept on disk (0600)."""
     if settings.operator_api_key is not None and settings.operator_api_key.get_secret_value():
-        return settings.operator_api_key.get_secret_value(), "MODELFORGE_OPERATOR_API_KEY"
+        return OperatorKey(settings.operator_api_key.get_secret_value(), None, created=False)
     path = data_dir / KEY_FILE
     with contextlib.suppress(FileNotFoundError):
         key = path.read_text().strip()
         if key:
             path.chmod(0o600)
-            return key, str(path)
+            return OperatorKey(key, path, created=False)
     key = secrets.token_urlsafe(32)
     # Written to a temporary name and renamed, so a crash never leaves a truncated key.
     tmp = path.with_name(f".{KEY_FILE}.tmp")
@@ -119,7 +128,15 @@ def operator_key(settings: StackSettings, data_dir: Path) -> tuple[str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
     tmp.replace(path)
-    return key, str(path)
+    return OperatorKey(key, path, created=True)
+
+
+def _describe_key(key: OperatorKey) -> str:
+    if key.path is None:
+        return "from MODELFORGE_OPERATOR_API_KEY"
+    if key.created:
+        return f"{key.value}  (new; shown this once, kept in {key.path})"
+    return f"in {key.path}"
 
 
 def _reserve_port(host: str, port: int) -> socket.socket | None:
@@ -143,7 +160,8 @@ class _Stack:
         self.settings = settings
         self.signals = signals
         self.data_dir = settings.data_dir.expanduser().resolve()
-        self.children: list[_Child] = []
+        self.supervisor = Supervisor(RestartPolicy(), say=_warn)
+        self.children: list[ChildProcess] = []
 
     def run(self) -> int:
         host, port = self.settings.host, self.settings.port
@@ -167,12 +185,12 @@ class _Stack:
 
             upgrade(database_url)
             self.signals.check()
-            key, key_source = operator_key(self.settings, self.data_dir)
+            key = operator_key(self.settings, self.data_dir)
             env = {
                 **os.environ,
                 "MODELFORGE_DATABASE_URL": database_url,
                 "MODELFORGE_NATS_URL": nats_url,
-                "MODELFORGE_OPERATOR_API_KEY": key,
+                "MODELFORGE_OPERATOR_API_KEY": key.value,
                 "MODELFORGE_HOST": host,
                 "MODELFORGE_PORT": str(port),
                 "PYTHONUNBUFFERED": "1",
@@ -186,17 +204,31 @@ class _Stack:
             # The worker carries the outbox relay and the liveness sweeps.
             for name in ("api", "worker"):
                 argv = [sys.executable, "-m", "cli.main", name]
-                self.children.append(_Child(name, start_process(argv, env=env)))
+                child = ChildProcess(argv, env, stop_timeout_s=CHILD_STOP_TIMEOUT_S)
+                child.start()
+                self.children.append(child)
+                self.supervisor.add(f"modelforge {name}", child)
             base = f"http://{_client_host(host)}:{port}"
             self._wait_healthy(f"{base}/healthz")
+            stack_file = write_stack_info(
+                StackInfo(
+                    api_url=base,
+                    nats_url=nats_url,
+                    operator_key_file=str(key.path) if key.path else None,
+                    data_dir=str(self.data_dir),
+                    pid=os.getpid(),
+                )
+            )
+            cleanup.callback(lambda: stack_file.unlink(missing_ok=True))
             _say(
                 "\nModelForge is up.\n"
                 f"  API:          {base}\n"
                 f"  API docs:     {base}/docs\n"
-                f"  Operator key: {key}  (from {key_source})\n"
+                f"  Operator key: {_describe_key(key)}\n"
                 f"  Database:     {_redact(database_url)}\n"
                 f"  NATS:         {_redact(nats_url)}\n"
                 f"  Data:         {self.data_dir}\n"
+                f"  Clients:      {stack_file} (read by events tail, simulate, ops/examples)\n"
                 "Press Ctrl-C to stop; data is kept for the next run.\n"
             )
             status = self._supervise()
@@ -215,6 +247,7 @@ class _Stack:
         _say(f"starting PostgreSQL (data in {pg.pgdata}, log {pg.log_path})")
         pg.start()
         pg.ensure_database(DATABASE_NAME)
+        self.supervisor.add("PostgreSQL", pg)
         return pg.url(DATABASE_NAME)
 
     def _nats(self, cleanup: contextlib.ExitStack) -> str:
@@ -228,22 +261,20 @@ class _Stack:
         cleanup.callback(nats.stop)
         _say(f"starting NATS JetStream (store in {nats.store_dir}, log {nats.log_path})")
         nats.start()
+        self.supervisor.add("nats-server", nats)
         return nats.url
-
-    def _dead_child(self) -> _Child | None:
-        return next((c for c in self.children if c.proc.poll() is not None), None)
 
     def _wait_healthy(self, url: str) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 self.signals.check()
-                dead = self._dead_child()
-                if dead is not None:
-                    raise StartupError(
-                        f"`modelforge {dead.name}` exited with status {dead.proc.returncode} "
-                        "during startup"
-                    )
+                for name, child in zip(("api", "worker"), self.children, strict=True):
+                    status = child.exit_status()
+                    if status is not None:
+                        raise StartupError(
+                            f"`modelforge {name}` exited with status {status} during startup"
+                        )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(url).status_code == 200:
                         return
@@ -252,14 +283,10 @@ class _Stack:
 
     def _supervise(self) -> int:
         while not self.signals.requested.wait(POLL_S):
-            dead = self._dead_child()
-            if dead is not None:
-                print(
-                    f"modelforge up: `modelforge {dead.name}` exited unexpectedly with status "
-                    f"{dead.proc.returncode}; stopping everything",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            try:
+                self.supervisor.poll()
+            except CrashLoop as exc:
+                _warn(f"{exc}; stopping everything")
                 return 1
         _say("stopping")
         return 0
@@ -267,7 +294,7 @@ class _Stack:
     def _stop_children(self) -> None:
         # Reverse start order: the worker (and its relay) stops before the API goes away.
         for child in reversed(self.children):
-            stop_process(child.proc, sig=signal.SIGTERM, timeout_s=CHILD_STOP_TIMEOUT_S)
+            child.stop()
 
 
 def run_up(settings: StackSettings) -> int:

@@ -81,13 +81,14 @@ ApiFactory = Callable[..., RunningApi]
 
 
 @pytest.fixture
-def api_factory(database_url: str) -> Iterator[ApiFactory]:
+def api_factory(database_url: str, nats_url: str) -> Iterator[ApiFactory]:
     """Start an API against this test's database; keyword arguments override settings."""
     started: list[RunningApi] = []
 
     def factory(**overrides: Any) -> RunningApi:
         values: dict[str, Any] = {
             "database_url": database_url,
+            "nats_url": nats_url,
             "operator_api_key": OPERATOR_KEY,
             "port": free_port(),
             "db_pool_size": 20,

@@ -2,4 +2,9 @@
 (tests/api_server.py)."""
 
 # contract_helpers: the module-scoped `shared_api` of the error-contract tests.
-pytest_plugins = ["tests.services", "tests.api_server", "tests.contract_helpers"]
+pytest_plugins = [
+    "tests.services",
+    "tests.api_server",
+    "tests.contract_helpers",
+    "tests.up_process",
+]

@@ -25,7 +25,7 @@ GENERATED_CORRELATION_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @pytest.fixture(scope="module")
-def shared_api(pg_admin_url: str, migrated_template: str) -> Iterator[RunningApi]:
+def shared_api(pg_admin_url: str, migrated_template: str, nats_url: str) -> Iterator[RunningApi]:
     """One server and database for the many small cases of this module.
 
     Each case enrolls its own nodes and looks only at them, so sharing is safe; it saves
@@ -37,6 +37,7 @@ def shared_api(pg_admin_url: str, migrated_template: str) -> Iterator[RunningApi
         running = start_api(
             ApiSettings(
                 database_url=with_database(pg_admin_url, name),
+                nats_url=nats_url,
                 operator_api_key=OPERATOR_KEY,
                 port=free_port(),
                 db_pool_size=20,

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +20,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from stack.embedded_nats import EmbeddedNats
 from stack.embedded_postgres import EmbeddedPostgres
 from stack.ports import free_port
+from tests.up_process import StartUp
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -201,98 +198,18 @@ async def test_nats_url_has_jetstream(nats_url: str) -> None:
 # --- modelforge up ---------------------------------------------------------------------
 
 
-class UpProcess:
-    """`modelforge up` as a subprocess, its output collected by a thread."""
-
-    def __init__(self, data_dir: Path, port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
-        env.update(MODELFORGE_DATA_DIR=str(data_dir), MODELFORGE_PORT=str(port))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "up"],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout_s: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.output)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                time.sleep(0.5)  # let the reader drain the pipe
-                raise AssertionError(f"up exited {self.proc.returncode}:\n{self.output}")
-            time.sleep(0.2)
-        raise AssertionError(f"{pattern!r} not seen within {timeout_s}s:\n{self.output}")
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def finish(self, timeout_s: float) -> int:
-        """Wait for exit and for the rest of the output."""
-        code = self.proc.wait(timeout=timeout_s)
-        self._reader.join(timeout=timeout_s)
-        return code
-
-    def interrupt(self, timeout_s: float = 90) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.finish(timeout_s)
-
-    def kill(self) -> None:
-        """Last-resort cleanup for a failed test: nothing may outlive it."""
-        tree = self.descendants()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        for p in tree:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        self._reader.join(timeout=10)
-
-
-StartUp = Callable[[Path, int], UpProcess]
-
-
-@pytest.fixture
-def start_up() -> Iterator[StartUp]:
-    started: list[UpProcess] = []
-
-    def start(data_dir: Path, port: int) -> UpProcess:
-        up = UpProcess(data_dir, port)
-        started.append(up)
-        return up
-
-    yield start
-    for up in started:
-        up.kill()
-
-
 def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
-    """Start `up`, check it serves and stops cleanly; (operator key, database URL)."""
+    """Start `up`, check it serves and stops cleanly; (what it said of the operator key,
+    database URL)."""
     port = free_port()
     up = start_up(data_dir, port)
-    found = up.wait_for(r"Operator key: (\S+)", timeout_s=180)
-    key = found.group(1)
+    key = up.wait_for(r"Operator key: (.+)", timeout_s=180).group(1)
     database_url = up.wait_for(r"Database: +(\S+)", timeout_s=5).group(1)
+    stack_file = data_dir / "stack.json"
+    info = json.loads(stack_file.read_text())
+    assert info["api_url"] == f"http://127.0.0.1:{port}"
+    assert info["nats_url"].startswith("nats://127.0.0.1:")
+    assert info["operator_key_file"] == str((data_dir / "operator_api_key").resolve())
     base = f"http://127.0.0.1:{port}"
     assert base in up.output
     assert f"{base}/docs" in up.output
@@ -308,6 +225,7 @@ def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, f"left running: {alive}"
     assert refuses_connections(port)
+    assert not stack_file.exists()  # clients of a stopped stack are told so
     return key, database_url
 
 
@@ -317,9 +235,11 @@ async def test_modelforge_up_runs_stops_and_keeps_data(
     start_up: StartUp, pg_tmp_path: Path
 ) -> None:
     data_dir = pg_tmp_path / "data"
-    key, database_url = run_up_once(start_up, data_dir)
+    shown, database_url = run_up_once(start_up, data_dir)
     key_file = data_dir / "operator_api_key"
-    assert key_file.read_text().strip() == key
+    key = key_file.read_text().strip()
+    # Shown once, on the run that created it, with where it is kept.
+    assert shown.startswith(f"{key}  (new; shown this once, kept in {key_file.resolve()}")
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert data_dir.stat().st_mode & 0o077 in (0, 0o001)  # private; root adds search only
     stamp = (key_file.read_bytes(), key_file.stat().st_mtime_ns)
@@ -329,8 +249,8 @@ async def test_modelforge_up_runs_stops_and_keeps_data(
     with EmbeddedPostgres(data_dir / "postgres") as server:
         await execute(server.url("modelforge"), "create table e2e_mark (v int)")
 
-    second_key, second_database_url = run_up_once(start_up, data_dir)
-    assert second_key == key
+    second_shown, second_database_url = run_up_once(start_up, data_dir)
+    assert key not in second_shown and second_shown == f"in {key_file.resolve()}"
     assert (key_file.read_bytes(), key_file.stat().st_mtime_ns) == stamp
     assert second_database_url == database_url  # the remembered port
     with EmbeddedPostgres(data_dir / "postgres") as server:

@@ -14,16 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 
 import dramatiq
 from prometheus_client import CollectorRegistry, start_http_server
 
 from broker.jetstream import BrokerSettings, build_broker
-from stack.processes import start_process, stop_process
+from stack.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
+from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from workers.actors import declare_actors
 from workers.database import database_resource
@@ -64,8 +63,14 @@ def run_worker_process(
                 poll_interval_s=settings.relay_poll_interval_s,
             )
         )
-    thresholds = LivenessThresholds(settings.stale_after_s, settings.offline_after_s)
-    actors = declare_actors(broker, database, thresholds)
+    thresholds = LivenessThresholds(
+        settings.stale_after_s,
+        settings.offline_after_s,
+        restart_grace_s=settings.restart_grace_s,
+        presence_gap_s=settings.presence_gap_s,
+    )
+    breaker = PartitionBreaker(settings.partition_share, settings.partition_min_nodes)
+    actors = declare_actors(broker, database, thresholds, breaker)
     if settings.metrics_port:
         port = settings.metrics_port + index
         start_http_server(port, addr=settings.metrics_host, registry=registry)
@@ -87,23 +92,31 @@ def run_worker_process(
 
 
 def supervise(processes: int, threads: int) -> int:
-    """Run `processes` single-process workers; restart any that dies; stop all on a signal."""
+    """Run `processes` single-process workers; restart any that dies (with backoff);
+    stop all on a signal, or when one crash-loops."""
     stop = _stop_event()
-
-    def spawn(index: int) -> subprocess.Popen[bytes]:
+    supervisor = Supervisor(RestartPolicy(), say=logger.warning)
+    children: list[ChildProcess] = []
+    for index in range(processes):
         argv = [sys.executable, "-m", "cli.main", "worker", "--processes", "1"]
         argv += ["--threads", str(threads)]
-        return start_process(argv, env={**os.environ, PROCESS_INDEX_ENV: str(index)})
-
-    children = {index: spawn(index) for index in range(processes)}
+        env = {**os.environ, PROCESS_INDEX_ENV: str(index)}
+        # Longer than a worker's drain (Worker.stop waits up to 30 s for in-flight actors).
+        child = ChildProcess(argv, env, stop_timeout_s=40)
+        child.start()
+        children.append(child)
+        supervisor.add(f"worker {index}", child)
+    status = 0
     while not stop.wait(0.5):
-        for index, child in list(children.items()):
-            if child.poll() is not None:
-                logger.warning("worker %d exited with %s; restarting", index, child.returncode)
-                time.sleep(1)
-                children[index] = spawn(index)
-    for child in children.values():
-        child.send_signal(signal.SIGTERM)
-    for child in children.values():
-        stop_process(child, timeout_s=40)
-    return 0
+        try:
+            supervisor.poll()
+        except CrashLoop as exc:
+            logger.error("%s; stopping every worker", exc)
+            status = 1
+            break
+    # All at once, so their drains overlap.
+    for child in children:
+        child.signal(signal.SIGTERM)
+    for child in children:
+        child.stop()
+    return status

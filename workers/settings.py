@@ -10,7 +10,8 @@ class RelaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
     database_url: str
-    nats_url: str = "nats://127.0.0.1:4222"
+    # Required: see ApiSettings.nats_url.
+    nats_url: str
     relay_batch_size: int = Field(default=200, gt=0)
     relay_poll_interval_s: float = Field(default=0.2, gt=0)
     log_level: str = "INFO"
@@ -27,6 +28,13 @@ class WorkerSettings(RelaySettings):
     # How often a liveness sweep is scheduled: a transition lands within about this
     # long after its threshold passes.
     sweep_period_s: float = Field(default=0.5, gt=0)
+    # Fleet safety (store/fleet.py); the presence settings must match the API's.
+    restart_grace_s: float = Field(default=30.0, ge=0)
+    presence_gap_s: float = Field(default=5.0, gt=0)
+    # The partition breaker: more than this share of the watched nodes silent at once
+    # holds offline transitions (at least partition_min_nodes watched).
+    partition_share: float = Field(default=0.3, gt=0, lt=1)
+    partition_min_nodes: int = Field(default=10, ge=1)
     db_pool_size: int = Field(default=5, gt=0)
     # Prometheus metrics on this port (+ the process index with --processes N); 0: off.
     metrics_port: int = Field(default=9464, ge=0, lt=65536)

@@ -11,8 +11,9 @@ class BrokerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore", frozen=True)
 
-    # One URL or a comma-separated list of cluster seeds.
-    nats_url: str = "nats://127.0.0.1:4222"
+    # One URL or a comma-separated list of cluster seeds. Required: a default would
+    # quietly reach whatever NATS listens on this host.
+    nats_url: str
     # Prefix of every subject and stream this broker owns, so several deployments
     # (or test runs) can share one NATS account without seeing each other's work.
     namespace: str = Field(default="modelforge", pattern=r"^[a-z][a-z0-9_-]{0,31}$")

@@ -1,7 +1,11 @@
 """A durable consumer of ModelForge node events, to copy into your own service.
 
-    python ops/examples/node_events_consumer.py --nats-url nats://127.0.0.1:4222 \
-        --name gpu-inventory-sync --subject 'modelforge.v1.node.*.gpu.>'
+    python ops/examples/node_events_consumer.py --name gpu-inventory-sync \
+        --subject 'modelforge.v1.node.*.gpu.>' [--nats-url nats://...]
+
+Without --nats-url it uses the NATS of the running `modelforge up`, from the stack file
+it writes (`.modelforge/stack.json`, or under $MODELFORGE_DATA_DIR); never a default port,
+where some other NATS may answer.
 
 What it shows:
 * a *durable* pull consumer: it remembers its position across restarts, and several
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -41,6 +47,11 @@ class SeenEvents:
         return True
 
 
+async def _quiet(exc: Exception) -> None:
+    # nats-py prints a traceback for every failed attempt by default.
+    pass
+
+
 def handle(event: dict[str, Any]) -> None:
     """Your side effect. Raise to have the event redelivered later."""
     data = event["data"]
@@ -51,7 +62,10 @@ def handle(event: dict[str, Any]) -> None:
 
 
 async def consume(nats_url: str, name: str, subject: str, stop: asyncio.Event) -> None:
-    nc = await nats.connect(nats_url, max_reconnect_attempts=-1)
+    # Bounded: with reconnects on, nats-py retries an unreachable first server forever.
+    nc = await asyncio.wait_for(
+        nats.connect(nats_url, max_reconnect_attempts=-1, error_cb=_quiet), timeout=10
+    )
     js = nc.jetstream()
     subscription = await js.pull_subscribe(
         subject,
@@ -87,9 +101,19 @@ async def consume(nats_url: str, name: str, subject: str, stop: asyncio.Event) -
         await nc.close()
 
 
+def stack_nats_url() -> str:
+    """The NATS URL `modelforge up` wrote into its data dir; exits with one line if none."""
+    path = Path(os.environ.get("MODELFORGE_DATA_DIR") or ".modelforge") / "stack.json"
+    try:
+        url: str = json.loads(path.read_text())["nats_url"]
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(f"no NATS URL: pass --nats-url, or run `modelforge up` ({path})") from None
+    return url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    parser.add_argument("--nats-url", help="default: the running `modelforge up`")
     parser.add_argument("--name", default="example-node-events")
     parser.add_argument("--subject", default="modelforge.v1.node.>")
     args = parser.parse_args()
@@ -99,9 +123,12 @@ def main() -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await consume(args.nats_url, args.name, args.subject, stop)
+        await consume(args.nats_url or stack_nats_url(), args.name, args.subject, stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise SystemExit(f"cannot reach NATS: {type(exc).__name__}: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""What `modelforge up` tells its clients: the stack file in its data dir.
+
+`up` writes `<data dir>/stack.json` once the stack answers and removes it when it stops.
+`modelforge events tail`, `modelforge simulate` and `ops/examples/` read it, so they reach
+the servers `up` started rather than whatever listens on a default port (often someone
+else's NATS on 4222). The file holds no secret: the operator key stays in its own
+0600 file, named here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Final
+
+from schemas.base import WireModel
+
+DEFAULT_DATA_DIR: Final = Path(".modelforge")
+DATA_DIR_ENV: Final = "MODELFORGE_DATA_DIR"
+STACK_FILE: Final = "stack.json"
+
+
+class StackInfo(WireModel):
+    api_url: str
+    nats_url: str
+    # None when the key came from MODELFORGE_OPERATOR_API_KEY rather than a file.
+    operator_key_file: str | None
+    data_dir: str
+    pid: int
+
+
+class StackFileError(Exception):
+    """No usable stack file; the message says what to do instead."""
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
+
+
+def stack_file(directory: Path | None = None) -> Path:
+    return (directory or data_dir()) / STACK_FILE
+
+
+def read_stack_info(directory: Path | None = None) -> StackInfo:
+    path = stack_file(directory)
+    try:
+        return StackInfo.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise StackFileError(
+            f"no {path}: `modelforge up` writes it while it runs (is it running, from this "
+            f"directory, or with another {DATA_DIR_ENV}?)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise StackFileError(f"{path} is unreadable ({type(exc).__name__})") from None
+
+
+def write_stack_info(info: StackInfo) -> Path:
+    """Atomically, so a reader never sees half a file."""
+    path = stack_file(Path(info.data_dir))
+    tmp = path.with_name(f".{STACK_FILE}.tmp")
+    tmp.write_text(json.dumps(info.model_dump(), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def operator_key_from(info: StackInfo) -> str:
+    if info.operator_key_file is None:
+        raise StackFileError(
+            "the running stack takes its operator key from MODELFORGE_OPERATOR_API_KEY; "
+            "set it here too"
+        )
+    try:
+        return Path(info.operator_key_file).read_text().strip()
+    except OSError as exc:
+        raise StackFileError(
+            f"cannot read the operator key file {info.operator_key_file} ({exc.strerror})"
+        ) from None

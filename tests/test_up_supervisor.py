@@ -1,0 +1,113 @@
+"""`modelforge up` is a supervisor: every child it starts is SIGKILLed in turn and comes
+back, the stack keeps working, and only a crash loop stops everything."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from stack.ports import free_port
+from tests.flows import TOKENS
+from tests.up_process import StartUp, UpProcess
+
+# What tells each child apart in `ps`; the name `up` reports it by.
+CHILDREN: dict[str, Callable[[list[str]], bool]] = {
+    "modelforge api": lambda argv: argv[-2:] == ["cli.main", "api"],
+    "modelforge worker": lambda argv: argv[-2:] == ["cli.main", "worker"],
+    "nats-server": lambda argv: bool(argv) and argv[0].endswith("nats-server"),
+    "PostgreSQL": lambda argv: bool(argv) and argv[0].endswith("/postgres") and "-D" in argv,
+}
+
+
+def child_pid(up: UpProcess, name: str) -> int:
+    for proc in psutil.Process(up.proc.pid).children():
+        try:
+            if CHILDREN[name](proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no {name} among the children of up:\n{up.output}")
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str, up: UpProcess) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except (httpx.HTTPError, AssertionError):
+            found = None
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not within {timeout_s}s:\n{up.output}")
+
+
+def ready(client: httpx.Client) -> dict[str, Any] | None:
+    response = client.get("/readyz")
+    body: dict[str, Any] = response.json()
+    return body if response.status_code == 200 and body["ready"] else None
+
+
+def an_event_flows(client: httpx.Client, key: str) -> bool:
+    """A change through the API, and its event published (the outbox drains)."""
+    response = client.post(TOKENS, json={}, headers={"X-ModelForge-Admin-Token": key})
+    if response.status_code != 201:
+        return False
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        body = client.get("/readyz").json()
+        if body["outbox"] and body["outbox"]["backlog"] == 0 and body["nats"] == "ok":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_child_of_up_is_restarted_and_a_crash_loop_stops_all(
+    start_up: StartUp, pg_tmp_path: Path
+) -> None:
+    data_dir = pg_tmp_path / "data"
+    port = free_port()
+    up = start_up(data_dir, port)
+    up.wait_for(r"ModelForge is up", timeout_s=180)
+    key = (data_dir / "operator_api_key").read_text().strip()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False) as client:
+        wait_until(lambda: ready(client), 60, "ready", up)
+        assert an_event_flows(client, key)
+        for name in CHILDREN:
+            before = child_pid(up, name)
+            restarted = f"{name} restarted"
+            restarts = up.output.count(restarted)
+            os.kill(before, signal.SIGKILL)
+            wait_until(lambda: up.output.count(restarted) > restarts, 90, restarted, up)  # noqa: B023
+            assert child_pid(up, name) != before
+            assert f"{name} exited with status -9" in up.output
+            # The whole pipeline works again: API, database, relay, NATS.
+            wait_until(lambda: ready(client), 90, f"ready after {name}", up)
+            assert wait_until(lambda: an_event_flows(client, key), 90, "an event", up)
+        assert up.proc.poll() is None
+
+        # A crash loop: the worker dies every time it comes back.
+        tree = up.descendants()
+        deadline = time.monotonic() + 120
+        while up.proc.poll() is None and time.monotonic() < deadline:
+            # Between a death and its restart there is no worker to kill.
+            with contextlib.suppress(AssertionError, ProcessLookupError):
+                os.kill(child_pid(up, "modelforge worker"), signal.SIGKILL)
+            time.sleep(0.3)
+    assert up.finish(timeout_s=120) == 1, up.output
+    assert "modelforge worker exited 6 times within 60s" in up.output, up.output
+    assert "stopping everything" in up.output
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"left running: {alive}"
+    assert not (data_dir / "stack.json").exists()
