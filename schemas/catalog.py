@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.events import EVENT_MEANINGS, EVENT_PAYLOADS, SUBJECT_PREFIX, EventType
+from schemas.events import EVENT_MEANINGS, EVENT_PAYLOADS, SUBJECT_IDS, SUBJECT_PREFIX, EventType
 
 STREAM = "MODELFORGE_EVENTS"
 
@@ -45,7 +45,7 @@ def render() -> str:
     rows = []
     for event_type in EventType:
         kind, _, rest = event_type.value.partition(".")
-        subject = f"`{SUBJECT_PREFIX}.{kind}.<{kind}_id>.{rest}`"
+        subject = f"`{SUBJECT_PREFIX}.{kind}.<{SUBJECT_IDS[kind]}>.{rest}`"
         payload = EVENT_PAYLOADS[event_type].__name__
         schema = f"[`{payload}`](../schemas/jsonschema/events.{payload}.json)"
         meaning = EVENT_MEANINGS[event_type]

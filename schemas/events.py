@@ -38,6 +38,9 @@ class EventType(StrEnum):
     GPU_MISSING = "node.gpu.missing"
     GPU_RETURNED = "node.gpu.returned"
     GPU_CHANGED = "node.gpu.changed"
+    FLEET_PARTITION_SUSPECTED = "fleet.partition_suspected"
+    FLEET_PARTITION_ACKNOWLEDGED = "fleet.partition_acknowledged"
+    FLEET_PARTITION_RESOLVED = "fleet.partition_resolved"
 
     @property
     def cloudevent_type(self) -> str:
@@ -169,6 +172,30 @@ class GpuEvent(WireModel):
     changes: dict[str, list[Any]] = Field(default_factory=dict)
 
 
+class PartitionSuspected(WireModel):
+    """The breaker tripped: offline transitions are held until it resolves or an
+    operator acknowledges it."""
+
+    incident_id: uuid.UUID
+    # Nodes recorded online or stale, and how many of them have gone silent.
+    watched_nodes: int
+    silent_nodes: int
+    # The share of watched nodes above which the breaker trips.
+    threshold: float
+
+
+class PartitionAcknowledged(WireModel):
+    incident_id: uuid.UUID
+    reason: str
+
+
+class PartitionResolved(WireModel):
+    incident_id: uuid.UUID
+    watched_nodes: int
+    silent_nodes: int
+    acknowledged: bool
+
+
 EVENT_MEANINGS: dict[EventType, str] = {
     EventType.TOKEN_CREATED: "an operator created an enrollment token",
     EventType.TOKEN_REVOKED: "an enrollment token was revoked before use",
@@ -186,6 +213,11 @@ EVENT_MEANINGS: dict[EventType, str] = {
     EventType.GPU_MISSING: "a complete inventory omitted a known GPU",
     EventType.GPU_RETURNED: "a missing GPU was reported again",
     EventType.GPU_CHANGED: "index, PCI bus id, name, memory or versions changed",
+    EventType.FLEET_PARTITION_SUSPECTED: "a large share of the fleet went silent at once; "
+    "offline transitions are held",
+    EventType.FLEET_PARTITION_ACKNOWLEDGED: "an operator released the hold: the silent "
+    "nodes go offline",
+    EventType.FLEET_PARTITION_RESOLVED: "the silent share fell back; the incident is over",
 }
 
 EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
@@ -205,4 +237,10 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.GPU_MISSING: GpuEvent,
     EventType.GPU_RETURNED: GpuEvent,
     EventType.GPU_CHANGED: GpuEvent,
+    EventType.FLEET_PARTITION_SUSPECTED: PartitionSuspected,
+    EventType.FLEET_PARTITION_ACKNOWLEDGED: PartitionAcknowledged,
+    EventType.FLEET_PARTITION_RESOLVED: PartitionResolved,
 }
+
+# What the id in each subject kind names.
+SUBJECT_IDS: dict[str, str] = {"node": "node_id", "token": "token_id", "fleet": "incident_id"}

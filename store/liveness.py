@@ -2,40 +2,72 @@
 
 Reads compute it from the timestamp; transitions are recorded on the node (with an
 audit row and an event) by the sweep in workers/liveness.py and by heartbeats.
+
+Restart grace: silence counts only while the control plane could hear it. When every
+API process was down, a node's last heartbeat from before the outage is moved later by
+the outage's length plus `restart_grace_s` (the time agents need to find the API again
+after their retry backoff). A node that was already silent long before the outage keeps
+that silence; one that was healthy gets its thresholds afresh from the moment the API
+is back. See store/fleet.py for how outages are recorded.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Final, Literal
 
-from sqlalchemy import ColumnElement, case, func, literal, text, update
+from sqlalchemy import ColumnElement, case, func, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.events import EventType, LivenessChanged
 from store import audit, outbox
-from store.models import Node
+from store.models import ControlPlanePresence, Node
+
+# The presence row every API process refreshes (store/fleet.py).
+API: Final = "api"
 
 
 @dataclass(frozen=True)
 class LivenessThresholds:
     stale_after_s: float
     offline_after_s: float
+    # Added to the length of an API outage that a node's last heartbeat predates.
+    restart_grace_s: float = 30.0
+    # No API presence refresh for this long: an outage (store/fleet.py).
+    presence_gap_s: float = 5.0
+
+
+def seconds(value: float) -> ColumnElement[timedelta]:
+    return func.make_interval(0, 0, 0, 0, 0, 0, literal(value))
+
+
+def effective_heartbeat(thresholds: LivenessThresholds) -> ColumnElement[datetime]:
+    """last_heartbeat_at, moved later by the last API outage it predates, plus the grace.
+
+    Two one-row subqueries: PostgreSQL evaluates them once per statement.
+    """
+    p = ControlPlanePresence
+    outage = select().where(p.component == API, p.resumed_at > p.down_since)
+    resumed = outage.add_columns(p.resumed_at).scalar_subquery()
+    shift = outage.add_columns(
+        p.resumed_at - p.down_since + seconds(thresholds.restart_grace_s)
+    ).scalar_subquery()
+    beat = Node.last_heartbeat_at
+    return case((beat < resumed, beat + shift), else_=beat)
 
 
 def liveness_expression(thresholds: LivenessThresholds) -> ColumnElement[str]:
     """SQL for a node's liveness, evaluated against the database clock."""
     now = func.statement_timestamp()
-    stale = func.make_interval(0, 0, 0, 0, 0, 0, literal(thresholds.stale_after_s))
-    offline = func.make_interval(0, 0, 0, 0, 0, 0, literal(thresholds.offline_after_s))
+    beat = effective_heartbeat(thresholds)
     return case(
         (Node.decommissioned_at.is_not(None), text("'decommissioned'")),
         (Node.enabled.is_(False), text("'disabled'")),
         (Node.last_heartbeat_at.is_(None), text("'offline'")),
-        (Node.last_heartbeat_at > now - stale, text("'online'")),
-        (Node.last_heartbeat_at > now - offline, text("'stale'")),
+        (beat > now - seconds(thresholds.stale_after_s), text("'online'")),
+        (beat > now - seconds(thresholds.offline_after_s), text("'stale'")),
         else_=text("'offline'"),
     )
 

@@ -172,3 +172,46 @@ class OutboxEvent(Base):
     __table_args__ = (
         Index("ix_outbox_unsent", "position", postgresql_where=text("sent_at IS NULL")),
     )
+
+
+class ControlPlanePresence(Base):
+    """When a control-plane component (the API) was last seen, and its last outage.
+
+    Every API process refreshes the one "api" row every second. A refresh that finds
+    the row older than the presence gap records an outage: [down_since, resumed_at].
+    Node silence during that outage is not the nodes' fault, so liveness shifts each
+    node's last heartbeat by the outage's length (store/liveness.py).
+    """
+
+    __tablename__ = "control_plane_presence"
+
+    component: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_seen_at: Mapped[datetime]
+    down_since: Mapped[datetime]
+    resumed_at: Mapped[datetime]
+
+
+class FleetIncident(Base):
+    """A fleet-level condition the sweeper detected, e.g. a suspected partition."""
+
+    __tablename__ = "fleet_incidents"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    opened_at: Mapped[datetime]
+    # What the breaker saw when it tripped.
+    silent_nodes: Mapped[int] = mapped_column(Integer)
+    watched_nodes: Mapped[int] = mapped_column(Integer)
+    acknowledged_at: Mapped[datetime | None]
+    acknowledged_reason: Mapped[str | None] = mapped_column(String(500))
+    resolved_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        # One open incident of a kind, however many sweepers trip at once.
+        Index(
+            "uq_fleet_incidents_one_open",
+            "kind",
+            unique=True,
+            postgresql_where=text("resolved_at IS NULL"),
+        ),
+    )

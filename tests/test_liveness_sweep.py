@@ -12,12 +12,16 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from store.engine import make_engine, make_sessionmaker
+from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, NODES, enroll, heartbeat_body, now
 from workers.liveness import sweep
 
 THRESHOLDS = LivenessThresholds(stale_after_s=1.0, offline_after_s=2.0)
+# The whole fleet of a test goes silent at once on purpose; the partition breaker would
+# hold it (tests/test_fleet_safety.py), so here it never trips.
+NO_BREAKER = PartitionBreaker(min_nodes=10**9)
 
 
 @pytest.fixture
@@ -147,7 +151,10 @@ async def test_concurrent_sweepers_record_each_transition_once(
     engines = [make_engine(database_url, pool_size=2) for _ in range(6)]
     try:
         results = await asyncio.gather(
-            *(sweep(make_sessionmaker(engine), THRESHOLDS, batch_size=7) for engine in engines)
+            *(
+                sweep(make_sessionmaker(engine), THRESHOLDS, breaker=NO_BREAKER, batch_size=7)
+                for engine in engines
+            )
         )
     finally:
         for engine in engines:

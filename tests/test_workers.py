@@ -40,6 +40,10 @@ def _env(database_url: str, nats_url: str, namespace: str) -> dict[str, str]:
         "MODELFORGE_ACK_WAIT_S": "3",
         "MODELFORGE_METRICS_PORT": "0",
         "MODELFORGE_LOG_LEVEL": "INFO",
+        # These tests silence the whole fleet on purpose; with the partition breaker
+        # armed that would (rightly) hold every offline transition. It has its own
+        # tests (tests/test_fleet_safety.py).
+        "MODELFORGE_PARTITION_MIN_NODES": "1000000",
     }
 
 

@@ -10,6 +10,7 @@ import dramatiq
 
 from broker.jetstream import AsyncResource
 from store.correlation import correlation_id_var
+from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from workers.database import Database
 from workers.liveness import sweep
@@ -25,7 +26,10 @@ class Actors:
 
 
 def declare_actors(
-    broker: dramatiq.Broker, database: AsyncResource[Database], thresholds: LivenessThresholds
+    broker: dramatiq.Broker,
+    database: AsyncResource[Database],
+    thresholds: LivenessThresholds,
+    breaker: PartitionBreaker,
 ) -> Actors:
     @dramatiq.actor(
         broker=broker,
@@ -43,7 +47,7 @@ def declare_actors(
             raise TypeError(f"liveness_sweep expects the period number, got {bucket!r}")
         # Audit rows and events of this sweep carry the message id that caused them.
         correlation_id_var.set(f"liveness_sweep-{bucket}")
-        transitions = await sweep(database.get().sessions, thresholds)
+        transitions = await sweep(database.get().sessions, thresholds, breaker=breaker)
         for t in transitions:
             logger.info("node %s: %s -> %s", t.node_id, t.previous, t.current)
 

@@ -5,6 +5,10 @@ FOR UPDATE SKIP LOCKED, each node's event lock is only *tried* (a node busy with
 request is simply left for the next sweep), and the decision is re-made under the
 lock from fresh state, so a transition is recorded once. Disabled and decommissioned
 nodes are never touched.
+
+Fleet safety (store/fleet.py) comes first in every sweep: with no API present nothing
+is recorded (nobody could hear the heartbeats), and while the partition breaker holds,
+no node goes offline (one due offline from online is recorded stale instead).
 """
 
 from __future__ import annotations
@@ -15,9 +19,14 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.admin import Liveness
+from store.fleet import PartitionBreaker, api_present, evaluate_partition
 from store.liveness import LivenessThresholds, liveness_expression, record_transition
 from store.locks import node_try_xact_lock
 from store.models import Node
+
+OFFLINE = Liveness.OFFLINE.value
+STALE = Liveness.STALE.value
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,11 @@ class Transition:
 
 
 async def _sweep_batch(
-    session: AsyncSession, thresholds: LivenessThresholds, batch_size: int, after: uuid.UUID | None
+    session: AsyncSession,
+    thresholds: LivenessThresholds,
+    batch_size: int,
+    after: uuid.UUID | None,
+    hold_offline: bool,
 ) -> tuple[list[uuid.UUID], list[Transition]]:
     computed = liveness_expression(thresholds)
     candidates = (
@@ -67,18 +80,21 @@ async def _sweep_batch(
                 ).where(Node.id == node_id)
             )
         ).one()
-        if not row.enabled or row.decommissioned_at is not None or row.liveness == row.computed:
+        current = row.computed
+        if hold_offline and current == OFFLINE:
+            current = STALE
+        if not row.enabled or row.decommissioned_at is not None or row.liveness == current:
             continue
         await record_transition(
             session,
             node_id=node_id,
             previous=row.liveness,
-            current=row.computed,
+            current=current,
             last_heartbeat_at=row.last_heartbeat_at,
             decided_by="sweep",
             at=row.now,
         )
-        transitions.append(Transition(str(node_id), row.liveness, row.computed))
+        transitions.append(Transition(str(node_id), row.liveness, current))
     return list(candidates), transitions
 
 
@@ -86,14 +102,19 @@ async def sweep(
     sessions: async_sessionmaker[AsyncSession],
     thresholds: LivenessThresholds,
     *,
+    breaker: PartitionBreaker | None = None,
     batch_size: int = 100,
 ) -> list[Transition]:
     """Record every due transition; each batch commits on its own (keyset by node id)."""
+    async with sessions() as session, session.begin():
+        if not await api_present(session, gap_s=thresholds.presence_gap_s):
+            return []
+        hold = await evaluate_partition(session, thresholds, breaker or PartitionBreaker())
     done: list[Transition] = []
     after: uuid.UUID | None = None
     while True:
         async with sessions() as session, session.begin():
-            candidates, batch = await _sweep_batch(session, thresholds, batch_size, after)
+            candidates, batch = await _sweep_batch(session, thresholds, batch_size, after, hold)
         done += batch
         if len(candidates) < batch_size:
             return done

@@ -1,0 +1,258 @@
+"""Fleet-level safety, shared by the API (presence, the hold's view, acknowledgement) and
+the sweepers (the partition breaker).
+
+**Restart grace.** Every API process refreshes one presence row each second. A refresh
+that finds the row older than the presence gap means no API ran in between: that span
+is recorded as the last outage, and store/liveness.py shifts every heartbeat that
+predates it. While the row is older than the gap right now, no API is there to hear
+heartbeats, so the sweeper records nothing at all (`api_present`).
+
+**Partition breaker.** A share of the fleet going silent together is more likely a
+network partition between the nodes and the control plane than that many hosts dying.
+Each sweep counts the *watched* nodes (recorded online or stale) and the *silent* ones
+among them (their heartbeat is past the stale threshold). The window is the stale band:
+a node counts as silent from the stale threshold until it is recorded offline. Above
+`share`, an incident opens and offline transitions are held; stale ones are still
+recorded, so the picture stays true. The hold ends when the silent share falls to half
+the threshold (the incident resolves), or when an operator acknowledges the incident:
+then the silent nodes go offline, leave the watched set, and the incident resolves by
+itself. Lease expiry and rescheduling honour the same `partition_hold_active`.
+
+Both are safe with any number of sweepers: one open incident per kind is a unique
+index, and every state change is a conditional UPDATE whose RETURNING decides who emits
+the event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from sqlalchemy import and_, case, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.events import (
+    EventType,
+    PartitionAcknowledged,
+    PartitionResolved,
+    PartitionSuspected,
+)
+from store import audit, outbox
+from store.liveness import API, LivenessThresholds, liveness_expression, seconds
+from store.models import ControlPlanePresence, FleetIncident, Node
+
+PARTITION: Final = "partition_suspected"
+WATCHED: Final = ("online", "stale")
+SILENT: Final = ("stale", "offline")
+
+
+class IncidentNotFound(Exception):
+    pass
+
+
+class IncidentResolved(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PartitionBreaker:
+    # Trip when more than this share of the watched nodes is silent.
+    share: float = 0.3
+    # Below this many watched nodes the breaker stays open: in a small fleet a few
+    # failures are a large share, and holding them would hide real outages.
+    min_nodes: int = 10
+
+
+# ---------------------------------------------------------------------- presence
+
+
+async def beat(session: AsyncSession, *, gap_s: float, component: str = API) -> bool:
+    """Refresh the presence row; True when this refresh ended an outage."""
+    now = func.statement_timestamp()
+    table = ControlPlanePresence
+    absent = table.last_seen_at < now - seconds(gap_s)
+    statement = (
+        insert(table)
+        .values(component=component, last_seen_at=now, down_since=now, resumed_at=now)
+        .on_conflict_do_update(
+            index_elements=[table.component],
+            # The right-hand sides read the row as it was before this update.
+            set_={
+                "down_since": case((absent, table.last_seen_at), else_=table.down_since),
+                "resumed_at": case((absent, now), else_=table.resumed_at),
+                "last_seen_at": now,
+            },
+        )
+        .returning(and_(table.resumed_at == now, table.resumed_at > table.down_since))
+    )
+    return bool((await session.execute(statement)).scalar_one())
+
+
+async def api_present(session: AsyncSession, *, gap_s: float) -> bool:
+    """False while no API process has refreshed its presence within the gap.
+
+    No row at all means no API of this version ever ran: nothing to protect.
+    """
+    fresh = ControlPlanePresence.last_seen_at >= func.statement_timestamp() - seconds(gap_s)
+    row = (
+        await session.execute(select(fresh).where(ControlPlanePresence.component == API))
+    ).scalar_one_or_none()
+    return row is None or bool(row)
+
+
+async def presence(session: AsyncSession) -> ControlPlanePresence | None:
+    return await session.get(ControlPlanePresence, API)
+
+
+# ---------------------------------------------------------------------- breaker
+
+
+@dataclass(frozen=True)
+class FleetCount:
+    watched: int
+    silent: int
+
+
+async def count_silent(session: AsyncSession, thresholds: LivenessThresholds) -> FleetCount:
+    computed = liveness_expression(thresholds)
+    watched = Node.liveness.in_(WATCHED)
+    row = (
+        await session.execute(
+            select(
+                func.count().filter(watched),
+                func.count().filter(and_(watched, computed.in_(SILENT))),
+            ).where(Node.enabled.is_(True), Node.decommissioned_at.is_(None))
+        )
+    ).one()
+    return FleetCount(watched=int(row[0]), silent=int(row[1]))
+
+
+async def open_incident(session: AsyncSession) -> FleetIncident | None:
+    return (
+        await session.execute(
+            select(FleetIncident).where(
+                FleetIncident.kind == PARTITION, FleetIncident.resolved_at.is_(None)
+            )
+        )
+    ).scalar_one_or_none()
+
+
+async def partition_hold_active(session: AsyncSession) -> bool:
+    """True while a suspected partition holds offline transitions (and lease expiry)."""
+    incident = await open_incident(session)
+    return incident is not None and incident.acknowledged_at is None
+
+
+async def evaluate_partition(
+    session: AsyncSession, thresholds: LivenessThresholds, breaker: PartitionBreaker
+) -> bool:
+    """Open or resolve the partition incident from the fleet as it is now; the hold."""
+    count = await count_silent(session, thresholds)
+    tripped = count.watched >= breaker.min_nodes and count.silent > breaker.share * count.watched
+    recovered = count.watched < breaker.min_nodes or count.silent <= (
+        breaker.share / 2 * count.watched
+    )
+    incident = await open_incident(session)
+    if incident is None and tripped:
+        await _open(session, count, breaker)
+    elif incident is not None and recovered:
+        await _resolve(session, incident, count)
+    return await partition_hold_active(session)
+
+
+async def _open(session: AsyncSession, count: FleetCount, breaker: PartitionBreaker) -> None:
+    incident_id = uuid.uuid4()
+    opened = (
+        await session.execute(
+            insert(FleetIncident)
+            .values(
+                id=incident_id,
+                kind=PARTITION,
+                opened_at=func.statement_timestamp(),
+                silent_nodes=count.silent,
+                watched_nodes=count.watched,
+            )
+            .on_conflict_do_nothing(
+                index_elements=[FleetIncident.kind],
+                index_where=FleetIncident.resolved_at.is_(None),
+            )
+            .returning(FleetIncident.id)
+        )
+    ).scalar_one_or_none()
+    if opened is None:  # another sweeper opened it first
+        return
+    event = PartitionSuspected(
+        incident_id=incident_id,
+        watched_nodes=count.watched,
+        silent_nodes=count.silent,
+        threshold=breaker.share,
+    )
+    _record(session, EventType.FLEET_PARTITION_SUSPECTED, incident_id, event, audit.SYSTEM)
+
+
+async def _resolve(session: AsyncSession, incident: FleetIncident, count: FleetCount) -> None:
+    resolved = (
+        await session.execute(
+            update(FleetIncident)
+            .where(FleetIncident.id == incident.id, FleetIncident.resolved_at.is_(None))
+            .values(resolved_at=func.statement_timestamp())
+            .returning(FleetIncident.acknowledged_at)
+        )
+    ).one_or_none()
+    if resolved is None:
+        return
+    event = PartitionResolved(
+        incident_id=incident.id,
+        watched_nodes=count.watched,
+        silent_nodes=count.silent,
+        acknowledged=resolved.acknowledged_at is not None,
+    )
+    _record(session, EventType.FLEET_PARTITION_RESOLVED, incident.id, event, audit.SYSTEM)
+
+
+async def acknowledge(session: AsyncSession, incident_id: uuid.UUID, reason: str) -> FleetIncident:
+    """An operator says the silent nodes really are gone: release the hold. Idempotent."""
+    incident = await session.get(FleetIncident, incident_id, with_for_update=True)
+    if incident is None:
+        raise IncidentNotFound(incident_id)
+    if incident.resolved_at is not None:
+        raise IncidentResolved(incident_id)
+    if incident.acknowledged_at is None:
+        now: datetime = (await session.execute(select(func.statement_timestamp()))).scalar_one()
+        incident.acknowledged_at = now
+        incident.acknowledged_reason = reason
+        event = PartitionAcknowledged(incident_id=incident.id, reason=reason)
+        _record(session, EventType.FLEET_PARTITION_ACKNOWLEDGED, incident.id, event, audit.OPERATOR)
+        await session.flush()
+    return incident
+
+
+async def list_incidents(session: AsyncSession, *, limit: int) -> list[FleetIncident]:
+    return list(
+        (
+            await session.execute(
+                select(FleetIncident).order_by(FleetIncident.opened_at.desc()).limit(limit)
+            )
+        ).scalars()
+    )
+
+
+def _record(
+    session: AsyncSession,
+    kind: EventType,
+    incident_id: uuid.UUID,
+    event: PartitionSuspected | PartitionAcknowledged | PartitionResolved,
+    actor: str,
+) -> None:
+    audit.record(
+        session,
+        actor=actor,
+        action=kind.value,
+        target_type="fleet_incident",
+        target_id=incident_id,
+        details=event.model_dump(mode="json", exclude={"incident_id"}),
+    )
+    outbox.emit(session, kind, target_id=incident_id, payload=event)
