@@ -70,6 +70,10 @@ class AgentConfig(BaseSettings):
     # Attempts at one heartbeat, inventory or telemetry publication on transport errors,
     # 5xx and 429 before it is dropped: newer state follows at the next interval.
     retry_max_attempts: int = Field(default=5, ge=1, le=100)
+    # Attempts at enrolling on transport errors, 5xx and 429 before the agent exits with
+    # status 1 (with the default backoff, about 20 minutes): a supervisor such as
+    # systemd then decides, and nothing retries forever unseen.
+    enroll_max_attempts: int = Field(default=45, ge=1, le=100_000)
     # After 401 credential_revoked/invalid: watch the state dir this long for a replacement
     # installed with `modelforge agent install-credential` before stopping.
     credential_reload_wait_s: float = Field(default=30.0, ge=0)

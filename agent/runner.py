@@ -23,7 +23,14 @@ from agent.collectors.nvml import NvmlCollector
 from agent.collectors.simulated import SimulatedCollector
 from agent.config import AgentConfig
 from agent.diagnostics import failure_line
-from agent.errors import ConfigError, Rejected, RequestFailed, StateError, advice_for
+from agent.errors import (
+    ConfigError,
+    Rejected,
+    RequestFailed,
+    StateError,
+    Transient,
+    advice_for,
+)
 from agent.publisher import Publisher, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
 from agent.state import Identity, Sequences, StateDir
@@ -59,6 +66,10 @@ def timing_of(config: AgentConfig) -> Timing:
 
 class _Refused(Exception):
     """Enrollment was refused; already logged."""
+
+
+class _Unreachable(Exception):
+    """Enrollment ran out of attempts; already logged."""
 
 
 class Agent:
@@ -108,6 +119,8 @@ class Agent:
                     return EXIT_OK
                 except _Refused:
                     return EXIT_REJECTED
+                except _Unreachable:
+                    return EXIT_ERROR
             else:
                 self._resume(identity)
             client.credential = identity.credential
@@ -186,7 +199,15 @@ class Agent:
                 stop=stop,
                 initial_s=self.config.retry_initial_s,
                 max_s=self.config.retry_max_s,
+                max_attempts=self.config.enroll_max_attempts,
             )
+        except Transient as error:
+            attempts = self.config.enroll_max_attempts
+            logger.error(
+                "%s",
+                failure_line("enroll", error, f"not enrolled: gave up after {attempts} attempts"),
+            )
+            raise _Unreachable from None
         except RequestFailed as error:
             logger.error("%s", failure_line("enroll", error, f"not enrolled: {advice_for(error)}"))
             raise _Refused from None

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.errors import ErrorCode
+from schemas.errors import ErrorBody, ErrorCode
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for statuses a route can answer, each with the ErrorBody."""
+    return {status: {"model": ErrorBody} for status in statuses}
 
 
 class ApiError(Exception):

@@ -45,7 +45,7 @@ def stack_file(directory: Path | None = None) -> Path:
 def read_stack_info(directory: Path | None = None) -> StackInfo:
     path = stack_file(directory)
     try:
-        return StackInfo.model_validate_json(path.read_bytes())
+        info = StackInfo.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         raise StackFileError(
             f"no {path}: `modelforge up` writes it while it runs (is it running, from this "
@@ -53,6 +53,20 @@ def read_stack_info(directory: Path | None = None) -> StackInfo:
         ) from None
     except (OSError, ValueError) as exc:
         raise StackFileError(f"{path} is unreadable ({type(exc).__name__})") from None
+    if not _running(info.pid):
+        # Left behind by an `up` that was killed: its servers are gone too.
+        raise StackFileError(f"{path} is stale: `modelforge up` (pid {info.pid}) is not running")
+    return info
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def write_stack_info(info: StackInfo) -> Path:

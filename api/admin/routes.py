@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, status
 
 from api.admin import audit_log, credentials, dead_letters, decommission, fleet, nodes, tokens
 from api.deps import AdminTransaction, State, require_operator
+from api.errors import error_responses
 from schemas.admin import (
     AcknowledgeIncident,
     AuditList,
@@ -37,13 +38,13 @@ from schemas.admin import (
     TokenState,
 )
 from schemas.base import CountParam, FilterText, PositiveParam
-from schemas.errors import ErrorBody
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    # 503: the database (or, for dead letters, NATS) is unavailable.
-    code: {"model": ErrorBody}
-    for code in (401, 403, 404, 409, 413, 422, 503)
-}
+# Every admin route: no or a wrong operator key (401/403), a body too large (413) or
+# malformed (422), the database (or, for dead letters, NATS) unavailable (503). The
+# OpenAPI document adds 404 and 409 only where a route can answer them.
+_ERRORS = error_responses(401, 403, 413, 422, 503)
+MISSING = error_responses(404)
+MISSING_OR_CONFLICT = error_responses(404, 409)
 
 # The router-level dependency makes fail-closed structural: a route added here
 # later cannot forget the operator check.
@@ -59,7 +60,7 @@ TOKENS = "/hardware/enrollment-tokens"
 FLEET = "/fleet"
 
 
-@router.post(TOKENS, status_code=status.HTTP_201_CREATED)
+@router.post(TOKENS, status_code=status.HTTP_201_CREATED, responses=MISSING_OR_CONFLICT)
 async def create_token(
     body: CreateEnrollmentToken, session: AdminTransaction
 ) -> EnrollmentTokenCreated:
@@ -75,7 +76,7 @@ async def list_tokens(
     return EnrollmentTokenList(items=await tokens.list_tokens(session, state, limit))
 
 
-@router.post(TOKENS + "/{token_id}/revoke")
+@router.post(TOKENS + "/{token_id}/revoke", responses=MISSING_OR_CONFLICT)
 async def revoke_token(token_id: uuid.UUID, session: AdminTransaction) -> EnrollmentTokenInfo:
     return await tokens.revoke_token(session, token_id)
 
@@ -102,36 +103,36 @@ async def list_nodes(
     return NodeList(items=items)
 
 
-@router.get(NODES + "/{node_id}")
+@router.get(NODES + "/{node_id}", responses=MISSING)
 async def get_node(node_id: uuid.UUID, session: AdminTransaction, state: State) -> NodeDetail:
     return await nodes.get_node(session, state.thresholds, node_id)
 
 
-@router.patch(NODES + "/{node_id}")
+@router.patch(NODES + "/{node_id}", responses=MISSING_OR_CONFLICT)
 async def patch_node(
     node_id: uuid.UUID, body: NodePatch, session: AdminTransaction, state: State
 ) -> NodeDetail:
     return await nodes.patch_node(session, state.thresholds, node_id, body)
 
 
-@router.post(NODES + "/{node_id}/credential/revoke")
+@router.post(NODES + "/{node_id}/credential/revoke", responses=MISSING_OR_CONFLICT)
 async def revoke_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRevoked:
     return await credentials.revoke_credentials(session, node_id)
 
 
-@router.post(NODES + "/{node_id}/credential/rotate")
+@router.post(NODES + "/{node_id}/credential/rotate", responses=MISSING_OR_CONFLICT)
 async def rotate_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRotated:
     return await credentials.rotate_credential(session, node_id)
 
 
-@router.get(NODES + "/{node_id}/decommission/preview")
+@router.get(NODES + "/{node_id}/decommission/preview", responses=MISSING)
 async def preview_decommission(
     node_id: uuid.UUID, session: AdminTransaction, state: State
 ) -> DecommissionPreview:
     return await decommission.preview(session, state.thresholds, node_id)
 
 
-@router.post(NODES + "/{node_id}/decommission")
+@router.post(NODES + "/{node_id}/decommission", responses=MISSING_OR_CONFLICT)
 async def decommission_node(
     node_id: uuid.UUID, body: DecommissionRequest, session: AdminTransaction
 ) -> DecommissionResult:
@@ -157,7 +158,7 @@ async def list_fleet_incidents(
     return await fleet.list_incidents(session, limit)
 
 
-@router.post(FLEET + "/incidents/{incident_id}/acknowledge")
+@router.post(FLEET + "/incidents/{incident_id}/acknowledge", responses=MISSING_OR_CONFLICT)
 async def acknowledge_fleet_incident(
     incident_id: uuid.UUID, body: AcknowledgeIncident, session: AdminTransaction
 ) -> FleetIncidentInfo:
@@ -176,16 +177,16 @@ async def list_dead_letters(
     )
 
 
-@router.get(DEAD_LETTERS + "/{seq}")
+@router.get(DEAD_LETTERS + "/{seq}", responses=MISSING)
 async def get_dead_letter(seq: PositiveParam, state: State) -> DeadLetterInfo:
     return await dead_letters.get_dead_letter(state.broker, state.broker_names, seq)
 
 
-@router.post(DEAD_LETTERS + "/{seq}/replay")
+@router.post(DEAD_LETTERS + "/{seq}/replay", responses=MISSING_OR_CONFLICT)
 async def replay_dead_letter(seq: PositiveParam, state: State) -> DeadLetterReplayed:
     return await dead_letters.replay(state.broker, state.broker_names, seq)
 
 
-@router.delete(DEAD_LETTERS + "/{seq}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(DEAD_LETTERS + "/{seq}", status_code=status.HTTP_204_NO_CONTENT, responses=MISSING)
 async def delete_dead_letter(seq: PositiveParam, state: State) -> None:
     await dead_letters.delete(state.broker, state.broker_names, seq)

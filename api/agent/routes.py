@@ -8,6 +8,7 @@ from api.agent.enrollment import enroll
 from api.agent.heartbeat import record_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
 from api.deps import HeartbeatTransaction, NodeTransaction, State, Transaction
+from api.errors import error_responses
 from schemas.agent import (
     EnrollRequest,
     EnrollResponse,
@@ -17,13 +18,13 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
-from schemas.errors import ErrorBody
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    # 503: the database is unavailable (Retry-After).
-    code: {"model": ErrorBody}
-    for code in (401, 403, 409, 413, 422, 503)
-}
+# Every agent route: a refused credential or token (401), a protocol version, replay or
+# identity conflict (409), a body too large (413) or malformed (422), the database
+# unavailable (503, with Retry-After). A node credential can also be refused for a
+# disabled node or another node's object (403); enrollment has no node yet.
+_ERRORS = error_responses(401, 409, 413, 422, 503)
+NODE_ROUTE = error_responses(403)
 
 router = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=_ERRORS)
 
@@ -33,7 +34,7 @@ async def enroll_node(body: EnrollRequest, session: Transaction, state: State) -
     return await enroll(session, body, heartbeat_interval_s=state.settings.heartbeat_interval_s)
 
 
-@router.post("/heartbeat")
+@router.post("/heartbeat", responses=NODE_ROUTE)
 async def heartbeat(body: HeartbeatRequest, request: HeartbeatTransaction) -> HeartbeatResponse:
     return await record_heartbeat(
         request.session,
@@ -43,7 +44,7 @@ async def heartbeat(body: HeartbeatRequest, request: HeartbeatTransaction) -> He
     )
 
 
-@router.put("/inventory")
+@router.put("/inventory", responses=NODE_ROUTE)
 async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestResult:
     return await ingest_inventory(
         request.session,
@@ -53,7 +54,7 @@ async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestRe
     )
 
 
-@router.put("/telemetry")
+@router.put("/telemetry", responses=NODE_ROUTE)
 async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestResult:
     return await ingest_telemetry(
         request.session,

@@ -247,6 +247,9 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "MODELFORGE_OPERATOR_API_KEY": admin_key,
             "MODELFORGE_PORT": str(api_port),
             "MODELFORGE_LOG_LEVEL": "WARNING",
+            # Heartbeats never touch NATS; nothing listens on the discard port, so the API
+            # cannot reach (and mistake for ours) a NATS that happens to run here.
+            "MODELFORGE_NATS_URL": "nats://127.0.0.1:9",
         }
         api_url = f"http://127.0.0.1:{api_port}"
         api_log = workdir / "api.log"

@@ -264,3 +264,21 @@ def test_enrollment_refusals_and_a_second_agent_on_one_state_dir(
     lost = agents(none)
     assert lost.wait() == 1
     assert "no enrollment token is configured" in lost.output
+
+
+def test_enrollment_is_not_retried_forever(agents: StartAgent, tmp_path: Path) -> None:
+    """Nothing answers: a bounded number of attempts, one line, exit status 1."""
+    config = write_config(
+        tmp_path / "agent.yaml",
+        api_url="http://127.0.0.1:9",
+        state_dir=str(tmp_path / "state"),
+        enrollment_token="mfe.0123456789abcdef0123456789abcdef.secret-token-value",
+        enroll_max_attempts=3,
+        retry_initial_s=0.05,
+        retry_max_s=0.1,
+    )
+    agent = agents(config)
+    assert agent.wait(timeout_s=30) == 1
+    assert agent.output.count("not enrolled: gave up after 3 attempts") == 1, agent.output
+    assert "Traceback" not in agent.output and "secret-token-value" not in agent.output
+    assert not (tmp_path / "state" / "identity.json").exists()

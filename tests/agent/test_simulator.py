@@ -133,10 +133,12 @@ def test_500_simulated_nodes_against_modelforge_up(
         "--nodes",
         "500",
         "--duration",
-        "20",
+        "40",
         # The server's default heartbeat interval; telemetry every 20 s: about 100
         # requests/s in the first 10 s (every node's first heartbeat, inventory and
-        # telemetry, staggered), then about 75/s, which a 2-core machine serves.
+        # telemetry, staggered), then about 75/s. A busy 2-core machine serves less
+        # (68/s measured on a slow day), so the first round of 1,500 requests can take
+        # 20 s: 40 s of publishing leaves every node a heartbeat within its interval.
         "--heartbeat-interval",
         "10",
         "--telemetry-interval",
