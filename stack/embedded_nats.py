@@ -13,8 +13,9 @@ from types import TracebackType
 import httpx
 import psutil
 
+from agent.processes import start_process, stop_process
 from stack.ports import free_port, port_is_free, remember_port, remembered_port, wait_for_tcp
-from stack.processes import DirLock, log_since, start_process, stop_process
+from stack.processes import DirLock, log_since
 
 HOST = "127.0.0.1"
 

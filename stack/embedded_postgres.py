@@ -21,8 +21,9 @@ from types import TracebackType
 
 import psutil
 
+from agent.processes import as_user, start_process, stop_process
 from stack.ports import free_port, port_is_free, remember_port, remembered_port
-from stack.processes import DirLock, as_user, log_since, log_tail, start_process, stop_process
+from stack.processes import DirLock, log_since, log_tail
 
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"

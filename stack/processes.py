@@ -1,128 +1,16 @@
-"""Child-process management shared by the embedded servers and `modelforge up`.
+"""Helpers of the embedded servers: their log files and the lock on their data dirs.
 
-Every child gets its own process group: a Ctrl-C at the terminal then reaches only
-`modelforge up`, which stops things in dependency order instead of all at once.
+Starting and stopping process groups is agent/processes.py (shared with the workers and
+the runtime worker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-import pwd
-import signal
-import subprocess
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
-
-import psutil
 
 LOG_TAIL_BYTES = 4000
-
-
-def as_user(user: str | None) -> dict[str, Any]:
-    """Popen/run keyword arguments that drop to `user`, with its own groups only.
-
-    `user=` alone keeps root's group and supplementary groups, and a directory's group
-    bits would then apply instead of its "other" bits.
-    """
-    if user is None:
-        return {}
-    entry = pwd.getpwnam(user)
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-
-
-def start_process(
-    argv: Sequence[str],
-    *,
-    log_path: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    user: str | None = None,
-    cwd: Path | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start argv in a new process group; output appends to log_path, or is inherited."""
-    log: IO[bytes] | None = None
-    if log_path is not None:
-        log = log_path.open("ab")
-    try:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT if log is not None else None,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            process_group=0,
-            **as_user(user),
-        )
-    finally:
-        # The child holds its own copy of the descriptor.
-        if log is not None:
-            log.close()
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def stop_process(
-    proc: subprocess.Popen[bytes],
-    *,
-    sig: signal.Signals = signal.SIGTERM,
-    timeout_s: float = 10.0,
-    whole_group: bool = True,
-) -> int:
-    """Ask proc (and its group) to stop with sig; SIGKILL everything left after timeout_s.
-
-    Descendants are recorded before signalling, so a grandchild that moved to another
-    process group, or was reparented when its parent died, is still found and killed.
-    Returns proc's exit status.
-    """
-    tree = _descendants(proc.pid)
-    pgid = proc.pid  # process_group=0 made the child its group's leader
-    if proc.poll() is None:
-        if whole_group:
-            _signal_group(pgid, sig)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(pgid, signal.SIGKILL)
-            proc.kill()
-            proc.wait(timeout=10.0)
-    kill_all(tree, timeout_s=timeout_s)
-    _signal_group(pgid, signal.SIGKILL)  # strays that were forked after the snapshot
-    return int(proc.returncode)
-
-
-def kill_all(procs: Sequence[psutil.Process], *, timeout_s: float = 5.0) -> None:
-    """Wait briefly for procs to exit on their own, then SIGKILL the rest."""
-    alive = [p for p in procs if _is_alive(p)]
-    if not alive:
-        return
-    _, alive = psutil.wait_procs(alive, timeout=timeout_s)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=5.0)
-
-
-def _is_alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:

@@ -2,7 +2,7 @@
 
 Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelforge api` and
 `modelforge worker` as child processes. Every child, the embedded servers included, is
-restarted with backoff when it dies (stack/supervisor.py); only a crash loop stops the
+restarted with backoff when it dies (agent/supervisor.py); only a crash loop stops the
 stack. Clients find the stack through `<data dir>/stack.json` (schemas/stack.py).
 """
 
@@ -25,10 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from schemas.stack import StackInfo, write_stack_info
 from stack.ports import port_is_free
 from stack.settings import StackSettings
-from stack.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 
 DATABASE_NAME = "modelforge"
 KEY_FILE = "operator_api_key"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from stack.supervisor import CrashLoop, RestartPolicy, Supervisor
+from agent.supervisor import CrashLoop, RestartPolicy, Supervisor
 
 
 class Clock:

@@ -17,9 +17,9 @@ from typing import Any
 import dramatiq
 import pytest
 
+from agent.processes import start_process, stop_process
 from broker.jetstream import BrokerSettings, build_broker
 from stack.embedded_nats import EmbeddedNats
-from stack.processes import start_process, stop_process
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
 

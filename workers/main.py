@@ -20,8 +20,8 @@ import threading
 import dramatiq
 from prometheus_client import CollectorRegistry, start_http_server
 
+from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from broker.jetstream import BrokerSettings, build_broker
-from stack.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from workers.actors import declare_actors

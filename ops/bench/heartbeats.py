@@ -98,7 +98,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def child(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    from stack.processes import start_process, stop_process
+    from agent.processes import start_process, stop_process
 
     proc = start_process(argv, env=env, log_path=log, cwd=ROOT)
     try:

@@ -1,11 +1,14 @@
 """Restart crashed children with backoff; give up only on a crash loop.
 
-One policy for `modelforge up` (API, worker, nats-server, PostgreSQL) and for
-`modelforge worker --processes N`. A child that exits is started again after a delay
-that doubles with each quick exit (0.5 s, 1 s, 2 s, ... up to `max_delay_s`) and drops
-back once the child has stayed up for `stable_after_s`. More than `max_restarts` exits
-within `window_s` is a crash loop: restarting again would only hide the fault, so the
-supervisor reports it and stops everything.
+One policy for `modelforge up` (API, worker, nats-server, PostgreSQL), for
+`modelforge worker --processes N`, and for the runtime worker's servers to come; a leaf
+beside agent/processes.py, for the same reason: every install can import it.
+
+A child that exits is started again after a delay that doubles with each quick exit
+(0.5 s, 1 s, 2 s, ... up to `max_delay_s`) and drops back once the child has stayed up
+for `stable_after_s`. More than `max_restarts` exits within `window_s` is a crash
+loop: restarting again would only hide the fault, so the supervisor reports it and
+stops everything.
 
 The policy is pure bookkeeping over timestamps, so it is tested without processes; the
 loop that applies it polls children and never blocks on one child's backoff.
@@ -22,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stack.processes import start_process, stop_process
+from agent.processes import start_process, stop_process
 
 logger = logging.getLogger("modelforge.supervisor")
 
