@@ -43,16 +43,18 @@ from schemas.agent import (
 )
 from schemas.base import WireModel
 from schemas.errors import ErrorCode
+from schemas.protocol import (
+    ADMIN_HEADER,
+    CORRELATION_HEADER,
+    ENROLL,
+    HEARTBEAT,
+    INVENTORY,
+    TELEMETRY,
+    TOKENS,
+)
 
 logger = logging.getLogger("modelforge.agent.http")
 
-ENROLL = "/api/v1/agent/enroll"
-HEARTBEAT = "/api/v1/agent/heartbeat"
-INVENTORY = "/api/v1/agent/inventory"
-TELEMETRY = "/api/v1/agent/telemetry"
-TOKENS = "/api/v1/admin/hardware/enrollment-tokens"
-CORRELATION_HEADER = "X-Correlation-ID"
-ADMIN_HEADER = "X-ModelForge-Admin-Token"
 
 Answer = TypeVar("Answer", bound=WireModel)
 

@@ -21,7 +21,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import stat
 import tempfile
 import uuid
@@ -35,6 +34,8 @@ from pydantic import ValidationError
 
 from agent.errors import StateError
 from schemas.admin import CredentialRotated
+from schemas.agent import SEQUENCE_MAX
+from schemas.protocol import NODE_CREDENTIAL_PREFIX, secret_pattern
 
 logger = logging.getLogger("modelforge.agent.state")
 
@@ -46,8 +47,9 @@ STREAMS = ("inventory", "telemetry")
 FORMAT = 1
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-MAX_SEQUENCE = 2**63 - 1
-_CREDENTIAL = re.compile(r"^mfn\.([0-9a-f]{32})\.[A-Za-z0-9_\-]{20,100}$")
+# The protocol's ceiling: the server refuses anything above it.
+MAX_SEQUENCE = SEQUENCE_MAX
+_CREDENTIAL = secret_pattern(NODE_CREDENTIAL_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
+from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
@@ -25,6 +26,8 @@ logger = logging.getLogger("modelforge.api")
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
+    metrics = ApiMetrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.admin_enabled:
@@ -36,7 +39,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         broker = BrokerLink(settings.nats_url)
         sessions = make_sessionmaker(engine)
         app.state.modelforge = ApiState(
-            settings=settings, engine=engine, sessions=sessions, broker=broker
+            settings=settings, engine=engine, sessions=sessions, broker=broker, metrics=metrics
         )
         try:
             async with presence_beat(
@@ -57,7 +60,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     install_exception_handlers(app)
     # Added last = outermost: the correlation id exists before anything logs or answers.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.add_middleware(CorrelationIdMiddleware)
     app.include_router(health_router)
     app.include_router(agent_router)

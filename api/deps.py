@@ -20,6 +20,7 @@ from api.agent.auth import AuthenticatedNode, authenticate_node
 from api.errors import Forbidden, Unauthenticated
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
+from schemas.protocol import ADMIN_HEADER
 
 State = Annotated[ApiState, Depends(get_state)]
 
@@ -56,7 +57,7 @@ async def _heartbeat_transaction(
 
 def require_operator(
     state: State,
-    x_modelforge_admin_token: Annotated[str | None, Header()] = None,
+    x_modelforge_admin_token: Annotated[str | None, Header(alias=ADMIN_HEADER)] = None,
 ) -> None:
     key = state.settings.operator_api_key
     if key is None or not key.get_secret_value():

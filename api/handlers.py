@@ -14,6 +14,7 @@ from starlette.routing import compile_path
 from starlette.types import ExceptionHandler
 
 from api.errors import ApiError
+from api.state import get_state
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from store.correlation import current_correlation_id
 
@@ -30,8 +31,10 @@ def _respond(status: int, body: ErrorBody, headers: dict[str, str] | None = None
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    if exc.status_code in (401, 403):
+        get_state(request).metrics.auth_failures.labels(exc.code.value).inc()
     body = ErrorBody(
         code=exc.code,
         message=exc.message,

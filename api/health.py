@@ -1,4 +1,5 @@
-"""Process health (`/healthz`) and readiness of the whole pipeline (`/readyz`).
+"""Process health (`/healthz`), readiness of the whole pipeline (`/readyz`), and the
+process's Prometheus metrics (`/metrics`, api/metrics.py).
 
 `/healthz` says only that the process serves HTTP. `/readyz` says whether a change
 accepted now reaches its consumers: the database answers, NATS answers, and the outbox
@@ -13,13 +14,15 @@ import asyncio
 import logging
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import State
 from api.state import ApiState
 from schemas.health import CheckState, OutboxState, Readiness
+from schemas.protocol import HEALTHZ, METRICS, READYZ
 from store.fleet import partition_hold_active
 from store.models import OutboxEvent
 
@@ -30,7 +33,13 @@ router = APIRouter(tags=["health"])
 CHECK_TIMEOUT_S = 2.0
 
 
-@router.get("/healthz")
+@router.get(METRICS, include_in_schema=False)
+async def metrics(state: State) -> Response:
+    """Prometheus text format; not part of the API contract (no OpenAPI entry)."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(HEALTHZ)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -68,7 +77,7 @@ async def _database(state: ApiState) -> tuple[OutboxState, bool]:
     return outbox, hold
 
 
-@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+@router.get(READYZ, response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(state: State) -> JSONResponse:
     database, outbox, hold = CheckState.OK, None, False
     try:

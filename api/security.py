@@ -13,8 +13,14 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-NODE_CREDENTIAL_PREFIX = "mfn"
-ENROLLMENT_TOKEN_PREFIX = "mfe"
+from schemas.protocol import (
+    ENROLLMENT_TOKEN_PREFIX,
+    NODE_CREDENTIAL_PREFIX,
+    SECRET_MAX_LENGTH,
+    SECRET_MIN_LENGTH,
+)
+
+__all__ = ["ENROLLMENT_TOKEN_PREFIX", "NODE_CREDENTIAL_PREFIX"]
 _SECRET_BYTES = 32
 # Compared against when no row exists, so unknown ids cost the same as wrong secrets.
 _DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy").digest()
@@ -48,7 +54,11 @@ def issue(prefix: str) -> IssuedSecret:
 def parse(prefix: str, wire: str) -> PresentedSecret | None:
     """None when the value cannot be one of ours (wrong prefix or shape)."""
     parts = wire.split(".")
-    if len(parts) != 3 or parts[0] != prefix or not 20 <= len(parts[2]) <= 100:
+    if (
+        len(parts) != 3
+        or parts[0] != prefix
+        or not SECRET_MIN_LENGTH <= len(parts[2]) <= SECRET_MAX_LENGTH
+    ):
         return None
     try:
         secret_id = uuid.UUID(hex=parts[1])

@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
 from api.broker_link import BrokerLink
+from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from broker.jetstream.names import Names
 from store.liveness import LivenessThresholds
@@ -19,6 +20,7 @@ class ApiState:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     broker: BrokerLink
+    metrics: ApiMetrics
 
     @property
     def broker_names(self) -> Names:

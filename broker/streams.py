@@ -8,8 +8,10 @@ from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig, StreamInfo
 
 from broker.jetstream.declare import declare_stream
+from schemas.protocol import EVENTS_STREAM
 
-EVENTS_STREAM = "MODELFORGE_EVENTS"
+__all__ = ["EVENTS_STREAM"]
+
 EVENTS_SUBJECTS = ["modelforge.v1.>"]
 # Nats-Msg-Id dedupe horizon: a relay that crashed after publishing but before
 # marking the row sent republishes well inside this window.

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from schemas.events import EVENT_MEANINGS, EVENT_PAYLOADS, SUBJECT_IDS, SUBJECT_PREFIX, EventType
-
-STREAM = "MODELFORGE_EVENTS"
+from schemas.protocol import EVENTS_STREAM as STREAM
 
 _HEADER = f"""# Event catalog
 

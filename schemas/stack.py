@@ -26,6 +26,8 @@ class StackInfo(WireModel):
     nats_url: str
     # None when the key came from MODELFORGE_OPERATOR_API_KEY rather than a file.
     operator_key_file: str | None
+    # The worker's Prometheus endpoint; None when MODELFORGE_METRICS_PORT=0.
+    worker_metrics_url: str | None = None
     data_dir: str
     pid: int
 

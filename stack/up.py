@@ -27,7 +27,7 @@ import httpx
 
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from schemas.stack import StackInfo, write_stack_info
-from stack.ports import port_is_free
+from stack.ports import free_port, port_is_free
 from stack.settings import StackSettings
 
 DATABASE_NAME = "modelforge"
@@ -186,6 +186,8 @@ class _Stack:
             upgrade(database_url)
             self.signals.check()
             key = operator_key(self.settings, self.data_dir)
+            # Worker metrics are on, on a free port unless one is asked for; 0 turns them off.
+            metrics_port = int(os.environ.get("MODELFORGE_METRICS_PORT") or free_port())
             env = {
                 **os.environ,
                 "MODELFORGE_DATABASE_URL": database_url,
@@ -194,8 +196,7 @@ class _Stack:
                 "MODELFORGE_HOST": host,
                 "MODELFORGE_PORT": str(port),
                 "PYTHONUNBUFFERED": "1",
-                # Worker metrics only when asked for: a fixed port could be taken here.
-                "MODELFORGE_METRICS_PORT": os.environ.get("MODELFORGE_METRICS_PORT", "0"),
+                "MODELFORGE_METRICS_PORT": str(metrics_port),
             }
             # Registered before the children start so they stop before NATS and PostgreSQL.
             cleanup.callback(self._stop_children)
@@ -215,15 +216,20 @@ class _Stack:
                     api_url=base,
                     nats_url=nats_url,
                     operator_key_file=str(key.path) if key.path else None,
+                    worker_metrics_url=(
+                        f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
+                    ),
                     data_dir=str(self.data_dir),
                     pid=os.getpid(),
                 )
             )
             cleanup.callback(lambda: stack_file.unlink(missing_ok=True))
+            worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "off"
             _say(
                 "\nModelForge is up.\n"
                 f"  API:          {base}\n"
                 f"  API docs:     {base}/docs\n"
+                f"  Metrics:      {base}/metrics (API), {worker_metrics} (worker)\n"
                 f"  Operator key: {_describe_key(key)}\n"
                 f"  Database:     {_redact(database_url)}\n"
                 f"  NATS:         {_redact(nats_url)}\n"

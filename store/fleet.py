@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Final
 
 from sqlalchemy import and_, case, func, select, update
@@ -40,7 +39,7 @@ from schemas.events import (
     PartitionResolved,
     PartitionSuspected,
 )
-from store import audit, outbox
+from store import audit, nodes, outbox
 from store.liveness import API, LivenessThresholds, liveness_expression, seconds
 from store.models import ControlPlanePresence, FleetIncident, Node
 
@@ -221,8 +220,7 @@ async def acknowledge(session: AsyncSession, incident_id: uuid.UUID, reason: str
     if incident.resolved_at is not None:
         raise IncidentResolved(incident_id)
     if incident.acknowledged_at is None:
-        now: datetime = (await session.execute(select(func.statement_timestamp()))).scalar_one()
-        incident.acknowledged_at = now
+        incident.acknowledged_at = await nodes.now(session)
         incident.acknowledged_reason = reason
         event = PartitionAcknowledged(incident_id=incident.id, reason=reason)
         _record(session, EventType.FLEET_PARTITION_ACKNOWLEDGED, incident.id, event, audit.OPERATOR)

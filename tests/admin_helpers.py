@@ -9,6 +9,7 @@ import httpx
 from sqlalchemy import NullPool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from schemas.protocol import AUDIT
 from tests.api_server import RunningApi
 from tests.flows import (
     ENROLL,
@@ -20,9 +21,6 @@ from tests.flows import (
     heartbeat_body,
 )
 from tests.services import run_async
-
-AUDIT = "/api/v1/admin/audit"
-
 
 # --------------------------------------------------------------------------- helpers
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from api.settings import ApiSettings
+from schemas.protocol import AUDIT
 from tests.api_server import OPERATOR_KEY, RunningApi, free_port, start_api
 from tests.flows import (
     NODES,
@@ -88,8 +89,6 @@ def node_view(client: httpx.Client, api: RunningApi, node_id: str) -> dict[str, 
 
 
 def audit_rows(client: httpx.Client, api: RunningApi, **params: Any) -> list[dict[str, Any]]:
-    response = client.get(
-        "/api/v1/admin/audit", params={"limit": 1000, **params}, headers=api.admin_headers
-    )
+    response = client.get(AUDIT, params={"limit": 1000, **params}, headers=api.admin_headers)
     items: list[dict[str, Any]] = assert_ok(response)["items"]
     return items

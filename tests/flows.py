@@ -10,14 +10,31 @@ from typing import Any
 
 import httpx
 
+# The protocol's paths, re-exported for the tests that import them from here.
+from schemas.protocol import (
+    AUDIT,
+    DEAD_LETTERS,
+    ENROLL,
+    FLEET,
+    HEARTBEAT,
+    INVENTORY,
+    NODES,
+    TELEMETRY,
+    TOKENS,
+)
 from tests.api_server import RunningApi
 
-TOKENS = "/api/v1/admin/hardware/enrollment-tokens"
-NODES = "/api/v1/admin/hardware/nodes"
-ENROLL = "/api/v1/agent/enroll"
-HEARTBEAT = "/api/v1/agent/heartbeat"
-INVENTORY = "/api/v1/agent/inventory"
-TELEMETRY = "/api/v1/agent/telemetry"
+__all__ = [
+    "AUDIT",
+    "DEAD_LETTERS",
+    "ENROLL",
+    "FLEET",
+    "HEARTBEAT",
+    "INVENTORY",
+    "NODES",
+    "TELEMETRY",
+    "TOKENS",
+]
 
 
 @dataclass(frozen=True)

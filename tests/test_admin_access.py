@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from schemas.protocol import ADMIN_PREFIX, AUDIT
 from tests.admin_helpers import (
     audit,
     ok,
@@ -27,14 +28,14 @@ def admin_operations(client: httpx.Client) -> list[tuple[str, str]]:
     operations = [
         (method.upper(), path)
         for path, methods in spec["paths"].items()
-        if path.startswith("/api/v1/admin")
+        if path.startswith(ADMIN_PREFIX)
         for method in methods
         if method in {"get", "post", "put", "patch", "delete"}
     ]
     # Guard against an empty or truncated enumeration.
     assert len(operations) >= 11, operations
     assert ("POST", "/api/v1/admin/hardware/nodes/{node_id}/decommission") in operations
-    assert ("GET", "/api/v1/admin/audit") in operations
+    assert ("GET", AUDIT) in operations
     return operations
 
 

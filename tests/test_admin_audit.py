@@ -6,8 +6,8 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from schemas.protocol import AUDIT
 from tests.admin_helpers import (
-    AUDIT,
     audit,
     audit_count,
     beat,

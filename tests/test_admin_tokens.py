@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from schemas.protocol import AUDIT
 from tests.admin_helpers import (
-    AUDIT,
     audit,
     enroll_with,
     get_node,

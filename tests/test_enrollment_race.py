@@ -12,6 +12,7 @@ from collections import Counter
 
 import httpx
 
+from schemas.protocol import AUDIT
 from tests.api_server import RunningApi
 from tests.flows import (
     ENROLL,
@@ -27,7 +28,6 @@ from tests.services import db_fetch
 
 STORM = 60
 ROUNDS = 5
-AUDIT = "/api/v1/admin/audit"
 
 
 async def open_connections(client: httpx.AsyncClient, count: int) -> None:

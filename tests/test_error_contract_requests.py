@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from schemas.protocol import AUDIT
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.contract_helpers import (
     GENERATED_CORRELATION_ID,
@@ -419,7 +420,7 @@ def test_unknown_route_and_wrong_method(shared_api: RunningApi) -> None:
 def test_node_credential_is_refused_on_admin_routes(shared_api: RunningApi) -> None:
     with shared_api.client() as client:
         node = enroll(client, shared_api)
-        paths = [TOKENS, NODES, f"{NODES}/{node.node_id}", "/api/v1/admin/audit"]
+        paths = [TOKENS, NODES, f"{NODES}/{node.node_id}", AUDIT]
         for path in paths:
             assert_error(client.get(path, headers=node.headers), 401, "admin_token_missing")
             # Even presented where the operator key goes.

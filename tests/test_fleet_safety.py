@@ -16,6 +16,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.protocol import FLEET
 from store.engine import make_engine, make_sessionmaker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
@@ -28,7 +29,6 @@ THRESHOLDS = LivenessThresholds(
     stale_after_s=1.0, offline_after_s=2.0, restart_grace_s=1.5, presence_gap_s=0.8
 )
 BREAKER = PartitionBreaker(share=0.3, min_nodes=10)
-FLEET = "/api/v1/admin/fleet"
 
 
 def start_api(api_factory: ApiFactory) -> RunningApi:

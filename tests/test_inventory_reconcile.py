@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from schemas.protocol import AUDIT
 from tests.api_server import RunningApi
 from tests.flows import (
     INVENTORY,
@@ -28,7 +29,6 @@ from tests.flows import (
 )
 from tests.services import db_fetch
 
-AUDIT = "/api/v1/admin/audit"
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.protocol import AUDIT
 from store.engine import make_engine, make_sessionmaker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
@@ -40,7 +41,7 @@ def _api(api_factory: ApiFactory) -> RunningApi:
 def _transitions(api: RunningApi, node_id: str) -> list[tuple[str, str, str]]:
     with api.client() as client:
         rows = client.get(
-            "/api/v1/admin/audit",
+            AUDIT,
             params={"action": "node.liveness.changed", "target_id": node_id, "limit": 1000},
             headers=api.admin_headers,
         ).json()["items"]

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
+from schemas.protocol import AUDIT
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import INVENTORY, NODES, TELEMETRY, enroll, gpu, inventory_body, telemetry_body
 
@@ -37,7 +38,6 @@ NEAR_LIMIT_S = SKEW_S - 30
 FAR_LIMIT_S = SKEW_S + 30
 GPU_POOL = [f"GPU-model-{i}" for i in range(4)]
 HOSTNAMES = ["model-host-a", "model-host-b", "model-host-c"]
-AUDIT = "/api/v1/admin/audit"
 
 # How a sample's observed_at is chosen: relative to now, or to the stream's last-good
 # observed_at (equal, or one microsecond earlier or later).

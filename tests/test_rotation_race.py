@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from schemas.protocol import AUDIT
 from tests.api_server import RunningApi
 from tests.flows import (
     HEARTBEAT,
@@ -31,7 +32,6 @@ from tests.services import db_fetch
 
 ROTATIONS = 20
 ROUNDS = 4
-AUDIT = "/api/v1/admin/audit"
 
 
 async def active_credentials(database_url: str, node_id: str) -> list[str]:

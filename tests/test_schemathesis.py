@@ -21,13 +21,11 @@ from schemathesis.openapi.checks import RejectedPositiveData
 
 from api.app import create_app
 from api.settings import ApiSettings
+from schemas.protocol import ADMIN_PREFIX, AGENT_PREFIX, ENROLL
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.flows import enroll
 
 MAX_EXAMPLES = 150
-ADMIN = "/api/v1/admin/"
-AGENT = "/api/v1/agent/"
-ENROLL = "/api/v1/agent/enroll"
 
 # The document under test comes from the app itself; no server is needed to collect.
 # test_served_document_is_the_one_under_test ties it to what the server really serves.
@@ -73,9 +71,9 @@ def credentials(shared_api: RunningApi) -> dict[str, str]:
 def call_kwargs(path: str, credentials: dict[str, str]) -> dict[str, Any]:
     """Operator key on admin routes, the node credential on agent routes."""
     headers: dict[str, str] = {}
-    if path.startswith(ADMIN):
+    if path.startswith(ADMIN_PREFIX):
         headers = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
-    elif path.startswith(AGENT) and path != ENROLL:
+    elif path.startswith(AGENT_PREFIX) and path != ENROLL:
         headers = {"Authorization": f"Bearer {credentials['node']}"}
     return {"base_url": credentials["base_url"], "headers": headers, "timeout": 30}
 

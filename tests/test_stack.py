@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -198,6 +200,16 @@ async def test_nats_url_has_jetstream(nats_url: str) -> None:
 # --- modelforge up ---------------------------------------------------------------------
 
 
+def answers(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=5).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
 def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
     """Start `up`, check it serves and stops cleanly; (what it said of the operator key,
     database URL)."""
@@ -215,6 +227,10 @@ def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
     assert f"{base}/docs" in up.output
     assert str(data_dir.resolve()) in up.output
     assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    # Metrics are on by default, on the ports up printed.
+    assert f"{base}/metrics (API), {info['worker_metrics_url']} (worker)" in up.output
+    assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
+    assert answers(info["worker_metrics_url"], timeout_s=60)  # the worker may still start
 
     tree = up.descendants()
     names = " ".join(" ".join(p.cmdline()) for p in tree)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from schemas.agent import SEQUENCE_MAX
+from schemas.protocol import AUDIT, DEAD_LETTERS
 from tests.api_server import RunningApi
 from tests.contract_helpers import assert_error, assert_ok, node_view
 from tests.flows import (
@@ -29,8 +30,6 @@ from tests.flows import (
     telemetry_body,
 )
 
-AUDIT = "/api/v1/admin/audit"
-DEAD_LETTERS = "/api/v1/admin/workers/dead-letters"
 NUL = "a\x00b"
 
 

@@ -19,13 +19,13 @@ import pytest
 
 from agent.processes import start_process, stop_process
 from broker.jetstream import BrokerSettings, build_broker
+from schemas.protocol import AUDIT, DEAD_LETTERS
 from stack.embedded_nats import EmbeddedNats
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
 
 STALE_S = 2.0
 OFFLINE_S = 4.0
-DEAD_LETTERS = "/api/v1/admin/workers/dead-letters"
 
 
 def _env(database_url: str, nats_url: str, namespace: str) -> dict[str, str]:
@@ -91,9 +91,7 @@ def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
             params: dict[str, Any] = {"action": "node.liveness.changed", "limit": 1000}
             if before is not None:
                 params["before_id"] = before
-            page = client.get(
-                "/api/v1/admin/audit", params=params, headers=api.admin_headers
-            ).json()
+            page = client.get(AUDIT, params=params, headers=api.admin_headers).json()
             rows += page["items"]
             before = page["next_before_id"]
             if before is None:
@@ -152,7 +150,7 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
     # Sweep rows name the broker message that caused them.
     with api.client() as client:
         system = client.get(
-            "/api/v1/admin/audit", params={"actor": "system", "limit": 5}, headers=api.admin_headers
+            AUDIT, params={"actor": "system", "limit": 5}, headers=api.admin_headers
         ).json()["items"]
     assert system and all(r["correlation_id"].startswith("liveness_sweep-") for r in system)
 

@@ -24,11 +24,11 @@ from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from broker.jetstream import BrokerSettings, build_broker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
-from workers.actors import declare_actors
+from workers.actors import Actors, declare_actors
 from workers.database import database_resource
 from workers.relay_middleware import OutboxRelayMiddleware
 from workers.settings import WorkerSettings
-from workers.ticker import PeriodicTicker
+from workers.ticker import Periodic, PeriodicTicker
 
 logger = logging.getLogger("modelforge.workers")
 
@@ -79,7 +79,7 @@ def run_worker_process(
     broker.emit_after("process_boot")
     worker = dramatiq.Worker(broker, worker_threads=threads)
     worker.start()
-    ticker = PeriodicTicker(broker, actors.liveness_sweep, settings.sweep_period_s)
+    ticker = PeriodicTicker(broker, schedule(actors, settings))
     ticker.start()
     logger.info("worker %d running (%d threads)", index, threads)
     stop.wait()
@@ -89,6 +89,11 @@ def run_worker_process(
     broker.close()
     logger.info("worker stopped")
     return 0
+
+
+def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
+    """The periodic work of the workers, one entry per job."""
+    return [Periodic(actors.liveness_sweep, settings.sweep_period_s)]
 
 
 def supervise(processes: int, threads: int) -> int:

@@ -20,20 +20,24 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from sqlalchemy import func, select, update
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from sqlalchemy import Row, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from broker.streams import declare, events_stream
 from store.models import OutboxEvent
+from store.notify import OUTBOX_CHANNEL, listening
 from workers.settings import RelaySettings
 
 logger = logging.getLogger("modelforge.relay")
@@ -84,23 +88,26 @@ class OutboxRelay:
     publish_timeout_s: float = 5.0
     max_backoff_s: float = 2.0
     _nc: NatsClient | None = field(default=None, init=False, repr=False)
+    # One context per connection: its first publish_async subscribes the ack inbox.
+    _js: JetStreamContext | None = field(default=None, init=False, repr=False)
 
-    async def prepare(self) -> NatsClient:
+    async def prepare(self) -> JetStreamContext:
         """Connect if not connected, and declare the stream on every new connection."""
-        if self._nc is not None and self._nc.is_connected:
-            return self._nc
+        if self._nc is not None and self._nc.is_connected and self._js is not None:
+            return self._js
         await self.close()
         nc = await self.connect()
+        js = nc.jetstream(timeout=self.publish_timeout_s)
         try:
-            await declare(nc.jetstream(timeout=self.publish_timeout_s), events_stream())
+            await declare(js, events_stream())
         except BaseException:
             await _close(nc)
             raise
-        self._nc = nc
-        return nc
+        self._nc, self._js = nc, js
+        return js
 
     async def close(self) -> None:
-        nc, self._nc = self._nc, None
+        nc, self._nc, self._js = self._nc, None, None
         if nc is not None:
             await _close(nc)
 
@@ -111,9 +118,7 @@ class OutboxRelay:
         and committed, the rest stay unsent, the connection is dropped, and the error
         is raised for the caller to retry later.
         """
-        js = (await self.prepare()).jetstream(timeout=self.publish_timeout_s)
-        failure: Exception | None = None
-        duplicates = 0
+        js = await self.prepare()
         async with self.sessions() as session, session.begin():
             locked = (
                 await session.execute(select(func.pg_try_advisory_xact_lock(_RELAY_LOCK_KEY)))
@@ -133,18 +138,7 @@ class OutboxRelay:
                     .limit(self.batch_size)
                 )
             ).all()
-            sent: list[int] = []
-            try:
-                for row in rows:
-                    ack = await js.publish(
-                        row.subject,
-                        json.dumps(row.envelope, separators=(",", ":")).encode(),
-                        headers={"Nats-Msg-Id": str(row.id)},
-                    )
-                    sent.append(row.position)
-                    duplicates += bool(ack.duplicate)
-            except _BROKER_ERRORS as exc:
-                failure = exc
+            sent, duplicates, failure = await self._publish(js, rows)
             if sent:
                 await session.execute(
                     update(OutboxEvent)
@@ -159,8 +153,55 @@ class OutboxRelay:
             raise failure
         return len(sent)
 
-    async def run(self, stop: asyncio.Event, poll_interval_s: float) -> None:
-        """Relay until stop is set; every failure is retried with capped backoff."""
+    async def _publish(
+        self, js: JetStreamContext, rows: Sequence[Row[Any]]
+    ) -> tuple[list[int], int, Exception | None]:
+        """Publish a batch pipelined: every message goes out, then the acks are awaited
+        together. (positions acknowledged in order, duplicates, the first failure)
+
+        Only the prefix acknowledged without a gap is reported sent: the rest stays in
+        the outbox and is published again, in order, by the next round (JetStream drops
+        the copies it already has, by Nats-Msg-Id).
+        """
+        futures: list[asyncio.Future[PubAck]] = []
+        failure: Exception | None = None
+        try:
+            for row in rows:
+                futures.append(
+                    await js.publish_async(
+                        row.subject,
+                        json.dumps(row.envelope, separators=(",", ":")).encode(),
+                        headers={"Nats-Msg-Id": str(row.id)},
+                    )
+                )
+        except _BROKER_ERRORS as exc:
+            failure = exc
+        if futures:
+            await asyncio.wait(futures, timeout=self.publish_timeout_s)
+        sent: list[int] = []
+        duplicates = 0
+        for row, future in zip(rows, futures, strict=False):
+            if not future.done():
+                failure = failure or TimeoutError("no publish acknowledgement in time")
+                break
+            if future.exception() is not None:
+                error = future.exception()
+                failure = failure or (error if isinstance(error, Exception) else None)
+                break
+            sent.append(row.position)
+            duplicates += bool(future.result().duplicate)
+        for future in futures:
+            future.cancel()  # no-op for the finished ones
+        return sent, duplicates, failure
+
+    async def run(
+        self, stop: asyncio.Event, poll_interval_s: float, wake: asyncio.Event | None = None
+    ) -> None:
+        """Relay until stop is set; every failure is retried with capped backoff.
+
+        wake (store/notify.py: set when an outbox insert commits) ends an idle wait at
+        once; the poll stays as the fallback for a missed notification.
+        """
         failures = 0
         warned_at = 0.0
         try:
@@ -188,9 +229,24 @@ class OutboxRelay:
                     logger.info("relaying again after %d failed attempts", failures)
                     failures = 0
                 if count < self.batch_size:
-                    await _wait(stop, poll_interval_s)
+                    await _idle(stop, wake, poll_interval_s)
         finally:
             await self.close()
+
+
+async def _idle(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> None:
+    if wake is None:
+        await _wait(stop, seconds)
+        return
+    if not wake.is_set():
+        stopping = asyncio.ensure_future(stop.wait())
+        woken = asyncio.ensure_future(wake.wait())
+        await asyncio.wait({stopping, woken}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        woken.cancel()
+    # Cleared before the next round reads the outbox: a commit after this point wakes
+    # the round after it.
+    wake.clear()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
@@ -199,7 +255,7 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def _close(nc: NatsClient) -> None:
-    # Every publish awaited its ack, so there is nothing to flush or drain.
+    # Every batch awaited its acks (or gave up on them): nothing to flush or drain.
     with contextlib.suppress(*_BROKER_ERRORS):
         await nc.close()
 
@@ -220,6 +276,7 @@ async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
     )
     logger.info("outbox relay starting against %s", _without_credentials(settings.nats_url))
     try:
-        await relay.run(stop, settings.relay_poll_interval_s)
+        async with listening(settings.database_url, OUTBOX_CHANNEL) as wake:
+            await relay.run(stop, settings.relay_poll_interval_s, wake)
     finally:
         await engine.dispose()

@@ -16,6 +16,7 @@ from dramatiq.asyncio import get_event_loop_thread
 from dramatiq.middleware import Middleware
 
 from broker.jetstream import AsyncResource
+from store.notify import OUTBOX_CHANNEL, listening
 from workers.database import Database
 from workers.relay import OutboxRelay, connect_nats
 
@@ -49,13 +50,14 @@ class OutboxRelayMiddleware(Middleware):
         self._running = asyncio.run_coroutine_threadsafe(self._run(self._stop), thread.loop)
 
     async def _run(self, stop: asyncio.Event) -> None:
+        database = self._database.get()
         relay = OutboxRelay(
-            self._database.get().sessions,
-            partial(connect_nats, self._nats_url),
-            batch_size=self._batch_size,
+            database.sessions, partial(connect_nats, self._nats_url), batch_size=self._batch_size
         )
+        url = database.engine.url.render_as_string(hide_password=False)
         try:
-            await relay.run(stop, self._poll_interval_s)
+            async with listening(url, OUTBOX_CHANNEL) as wake:
+                await relay.run(stop, self._poll_interval_s, wake)
         finally:
             await relay.close()
 

@@ -13,7 +13,9 @@ class RelaySettings(BaseSettings):
     # Required: see ApiSettings.nats_url.
     nats_url: str
     relay_batch_size: int = Field(default=200, gt=0)
-    relay_poll_interval_s: float = Field(default=0.2, gt=0)
+    # The relay wakes when an outbox insert commits (LISTEN/NOTIFY); this poll is only
+    # the fallback for a notification missed while its connection was re-established.
+    relay_poll_interval_s: float = Field(default=1.0, gt=0)
     log_level: str = "INFO"
 
 

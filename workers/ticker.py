@@ -1,5 +1,8 @@
 """Schedules periodic work through the broker, exactly once per period across all workers.
 
+The schedule is data: a list of (actor, period) entries (workers/main.py). The liveness
+sweep is one entry; lease expiry and the deployment reconciler will be more.
+
 Every worker process publishes the sweep message of the current period with a message
 id derived from the period number; JetStream's Nats-Msg-Id dedupe keeps one. So the
 schedule needs no leader, survives any worker dying, and adding workers adds no sweeps.
@@ -10,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import dramatiq
 from dramatiq.errors import ConnectionError as BrokerConnectionError
@@ -17,17 +22,22 @@ from dramatiq.errors import ConnectionError as BrokerConnectionError
 logger = logging.getLogger("modelforge.workers.ticker")
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """One entry of the schedule: send `actor` its period number every `period_s`."""
+
+    actor: dramatiq.Actor[..., object]
+    period_s: float
+
+
 class PeriodicTicker:
-    def __init__(
-        self, broker: dramatiq.Broker, actor: dramatiq.Actor[..., object], period_s: float
-    ) -> None:
+    """One thread for the whole schedule: it wakes at the next boundary of any entry."""
+
+    def __init__(self, broker: dramatiq.Broker, schedule: Sequence[Periodic]) -> None:
         self._broker = broker
-        self._actor = actor
-        self._period_s = period_s
+        self._schedule = list(schedule)
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"ticker-{actor.actor_name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="ticker", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -36,28 +46,33 @@ class PeriodicTicker:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def _message(self, bucket: int) -> dramatiq.Message[object]:
+    @staticmethod
+    def message(entry: Periodic, bucket: int) -> dramatiq.Message[object]:
         return dramatiq.Message(
-            queue_name=self._actor.queue_name,
-            actor_name=self._actor.actor_name,
+            queue_name=entry.actor.queue_name,
+            actor_name=entry.actor.actor_name,
             args=(bucket,),
             kwargs={},
             options={},
-            message_id=f"{self._actor.actor_name}-{bucket}",
+            # The same id from every worker in a period: JetStream keeps one.
+            message_id=f"{entry.actor.actor_name}-{bucket}",
         )
 
     def _run(self) -> None:
-        last = -1
+        last = {entry.actor.actor_name: -1 for entry in self._schedule}
         while not self._stop.is_set():
-            bucket = int(time.time() // self._period_s)
-            if bucket != last:
+            for entry in self._schedule:
+                bucket = int(time.time() // entry.period_s)
+                if bucket == last[entry.actor.actor_name]:
+                    continue
                 try:
-                    self._broker.enqueue(self._message(bucket))
-                    last = bucket
+                    self._broker.enqueue(self.message(entry, bucket))
+                    last[entry.actor.actor_name] = bucket
                 except BrokerConnectionError:
                     logger.warning(
-                        "could not schedule %s; NATS unreachable", self._actor.actor_name
+                        "could not schedule %s; NATS unreachable", entry.actor.actor_name
                     )
-            # Wake at the next period boundary (a little after, to land in the new bucket).
-            wait = self._period_s - (time.time() % self._period_s) + 0.005
+            # Wake at the next boundary of any entry (a little after, to land in it).
+            now = time.time()
+            wait = min(e.period_s - (now % e.period_s) for e in self._schedule) + 0.005
             self._stop.wait(wait)

@@ -4,33 +4,22 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
 from api.admin.nodes import lock_node, require_not_terminal
-from api.admin.tokens import db_now
 from schemas.admin import CredentialRevoked, CredentialRotated
 from schemas.events import CredentialRevokedEvent, CredentialRotatedEvent, EventType
-from store import audit, outbox
+from store import audit, nodes, outbox
 from store.models import NodeCredential
-
-
-async def revoke_active(session: AsyncSession, node_id: uuid.UUID, reason: str) -> list[uuid.UUID]:
-    now = await db_now(session)
-    result = await session.execute(
-        update(NodeCredential)
-        .where(NodeCredential.node_id == node_id, NodeCredential.revoked_at.is_(None))
-        .values(revoked_at=now, revoked_reason=reason)
-        .returning(NodeCredential.id)
-    )
-    return list(result.scalars().all())
 
 
 async def revoke_credentials(session: AsyncSession, node_id: uuid.UUID) -> CredentialRevoked:
     node = await lock_node(session, node_id)
     require_not_terminal(node)
-    revoked = await revoke_active(session, node.id, "revoked")
+    revoked = await nodes.revoke_active_credentials(
+        session, node.id, "revoked", await nodes.now(session)
+    )
     if revoked:
         audit.record(
             session,
@@ -57,7 +46,9 @@ async def rotate_credential(session: AsyncSession, node_id: uuid.UUID) -> Creden
     # credentials would reject a second active one even if it did not.
     node = await lock_node(session, node_id)
     require_not_terminal(node)
-    revoked = await revoke_active(session, node.id, "rotated")
+    revoked = await nodes.revoke_active_credentials(
+        session, node.id, "rotated", await nodes.now(session)
+    )
     issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
     session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
     audit.record(

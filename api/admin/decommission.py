@@ -7,14 +7,12 @@ import uuid
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.admin.credentials import revoke_active
 from api.admin.nodes import lock_node, require_not_terminal
-from api.admin.tokens import db_now
 from api.errors import Conflict, NotFound
 from schemas.admin import DecommissionPreview, DecommissionRequest, DecommissionResult, Liveness
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeDecommissioned
-from store import audit, outbox
+from store import audit, nodes, outbox
 from store.liveness import LivenessThresholds, liveness_expression
 from store.models import EnrollmentToken, Gpu, Node, NodeCredential
 
@@ -71,8 +69,8 @@ async def execute(
         )
     node = await lock_node(session, node_id)
     require_not_terminal(node)
-    now = await db_now(session)
-    revoked = await revoke_active(session, node.id, "decommissioned")
+    now = await nodes.now(session)
+    revoked = await nodes.revoke_active_credentials(session, node.id, "decommissioned", now)
     tokens = list(
         (
             await session.execute(

@@ -13,23 +13,20 @@ from api.errors import Conflict, NotFound
 from schemas.admin import Liveness, NodeDetail, NodePatch, NodeSummary
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeEnablementChanged, NodeUpdated
-from store import audit, outbox
+from store import audit, nodes, outbox
 from store.liveness import LivenessThresholds, liveness_expression
-from store.locks import node_xact_lock
 from store.models import Gpu, Node, NodeCredential, NodeStream
 
 
 async def lock_node(session: AsyncSession, node_id: uuid.UUID) -> Node:
-    # The event lock first (same order as agent requests), then the row.
-    await session.execute(select(node_xact_lock(node_id)))
-    node = await session.get(Node, node_id, with_for_update=True, populate_existing=True)
+    node = await nodes.lock(session, node_id)
     if node is None:
         raise NotFound(f"node {node_id} does not exist")
     return node
 
 
 def require_not_terminal(node: Node) -> None:
-    if node.decommissioned_at is not None:
+    if nodes.is_terminal(node):
         raise Conflict(
             "the node was decommissioned; it can no longer be changed",
             code=ErrorCode.NODE_TERMINAL,
@@ -70,11 +67,7 @@ async def list_nodes(
 async def get_node(
     session: AsyncSession, thresholds: LivenessThresholds, node_id: uuid.UUID
 ) -> NodeDetail:
-    row = (
-        await session.execute(
-            select(Node, liveness_expression(thresholds)).where(Node.id == node_id)
-        )
-    ).one_or_none()
+    row = await nodes.with_liveness(session, thresholds, node_id)
     if row is None:
         raise NotFound(f"node {node_id} does not exist")
     streams = {

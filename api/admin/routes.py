@@ -1,4 +1,5 @@
-"""Administrative routes (`/api/v1/admin`). Every one requires the operator key."""
+"""Administrative routes (under ADMIN_PREFIX, schemas/protocol.py). Every one requires the
+operator key."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from schemas.admin import (
     TokenState,
 )
 from schemas.base import CountParam, FilterText, PositiveParam
+from schemas.protocol import AUDIT, DEAD_LETTERS, FLEET, NODES, TOKENS
 
 # Every admin route: no or a wrong operator key (401/403), a body too large (413) or
 # malformed (422), the database (or, for dead letters, NATS) unavailable (503). The
@@ -49,15 +51,10 @@ MISSING_OR_CONFLICT = error_responses(404, 409)
 # The router-level dependency makes fail-closed structural: a route added here
 # later cannot forget the operator check.
 router = APIRouter(
-    prefix="/api/v1/admin",
     tags=["admin"],
     dependencies=[Depends(require_operator)],
     responses=_ERRORS,
 )
-NODES = "/hardware/nodes"
-DEAD_LETTERS = "/workers/dead-letters"
-TOKENS = "/hardware/enrollment-tokens"
-FLEET = "/fleet"
 
 
 @router.post(TOKENS, status_code=status.HTTP_201_CREATED, responses=MISSING_OR_CONFLICT)
@@ -139,7 +136,7 @@ async def decommission_node(
     return await decommission.execute(session, node_id, body)
 
 
-@router.get("/audit")
+@router.get(AUDIT)
 async def query_audit(
     session: AdminTransaction, query: Annotated[AuditQuery, Query()]
 ) -> AuditList:

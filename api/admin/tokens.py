@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, not_, or_, select
+from sqlalchemy import ColumnElement, and_, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
@@ -18,7 +18,7 @@ from schemas.admin import (
 )
 from schemas.errors import ErrorCode
 from schemas.events import EventType, TokenCreated, TokenRevoked
-from store import audit, outbox
+from store import audit, nodes, outbox
 from store.models import EnrollmentToken, Node
 
 
@@ -48,15 +48,10 @@ def token_info(token: EnrollmentToken, now: datetime) -> EnrollmentTokenInfo:
     )
 
 
-async def db_now(session: AsyncSession) -> datetime:
-    now: datetime = (await session.execute(select(func.statement_timestamp()))).scalar_one()
-    return now
-
-
 async def create_token(
     session: AsyncSession, body: CreateEnrollmentToken
 ) -> EnrollmentTokenCreated:
-    now = await db_now(session)
+    now = await nodes.now(session)
     if body.node_id is not None:
         node = await session.get(Node, body.node_id)
         if node is None:
@@ -115,7 +110,7 @@ def _state_filter(state: TokenState, now: datetime) -> ColumnElement[bool]:
 async def list_tokens(
     session: AsyncSession, state: TokenState | None, limit: int
 ) -> list[EnrollmentTokenInfo]:
-    now = await db_now(session)
+    now = await nodes.now(session)
     query = select(EnrollmentToken).order_by(EnrollmentToken.created_at.desc()).limit(limit)
     if state is not None:
         query = query.where(_state_filter(state, now))
@@ -128,7 +123,7 @@ async def revoke_token(
     token = await session.get(EnrollmentToken, token_id, with_for_update=True)
     if token is None:
         raise NotFound(f"enrollment token {token_id} does not exist")
-    now = await db_now(session)
+    now = await nodes.now(session)
     if token.used_at is not None:
         raise Conflict("the token was already used", code=ErrorCode.STATE_CONFLICT)
     if token.revoked_at is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
@@ -14,8 +13,7 @@ from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled
-from store import audit, outbox
-from store.locks import node_xact_lock
+from store import audit, nodes, outbox
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
 STREAMS = ("inventory", "telemetry")
@@ -32,7 +30,7 @@ async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToke
     token = await session.get(EnrollmentToken, presented.id, with_for_update=True)
     if token is None or not security.matches(presented.secret, token.digest):
         raise Unauthenticated("unknown enrollment token", code=ErrorCode.ENROLLMENT_TOKEN_INVALID)
-    now = (await session.execute(select(func.statement_timestamp()))).scalar_one()
+    now = await nodes.now(session)
     if token.revoked_at is not None:
         raise Unauthenticated("enrollment token revoked", code=ErrorCode.ENROLLMENT_TOKEN_REVOKED)
     if token.used_at is not None:
@@ -51,23 +49,11 @@ async def _rebind(
             "this recovery token belongs to a different node identity",
             code=ErrorCode.IDENTITY_CONFLICT,
         )
-    await session.execute(select(node_xact_lock(token.node_id)))
-    node = await session.get(Node, token.node_id, with_for_update=True, populate_existing=True)
-    assert node is not None
-    if node.decommissioned_at is not None:
+    node = await nodes.lock(session, token.node_id)
+    assert node is not None  # a recovery token's node is a foreign key
+    if nodes.is_terminal(node):
         raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
-    revoked = (
-        (
-            await session.execute(
-                update(NodeCredential)
-                .where(NodeCredential.node_id == node.id, NodeCredential.revoked_at.is_(None))
-                .values(revoked_at=now, revoked_reason="re-enrolled")
-                .returning(NodeCredential.id)
-            )
-        )
-        .scalars()
-        .all()
-    )
+    revoked = await nodes.revoke_active_credentials(session, node.id, "re-enrolled", now)
     if revoked:
         outbox.emit(
             session,

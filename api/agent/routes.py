@@ -1,4 +1,4 @@
-"""Agent routes of protocol v1 (`/api/v1/agent`). Bodies are wire models from schemas/."""
+"""Agent routes of protocol v1 (paths in schemas/protocol.py); bodies are wire models."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from api.agent.heartbeat import record_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
 from api.deps import HeartbeatTransaction, NodeTransaction, State, Transaction
 from api.errors import error_responses
+from api.metrics import counted_ingest
 from schemas.agent import (
     EnrollRequest,
     EnrollResponse,
@@ -18,6 +19,7 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
+from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY
 
 # Every agent route: a refused credential or token (401), a protocol version, replay or
 # identity conflict (409), a body too large (413) or malformed (422), the database
@@ -26,39 +28,47 @@ from schemas.agent import (
 _ERRORS = error_responses(401, 409, 413, 422, 503)
 NODE_ROUTE = error_responses(403)
 
-router = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=_ERRORS)
+router = APIRouter(tags=["agent"], responses=_ERRORS)
 
 
-@router.post("/enroll", status_code=status.HTTP_201_CREATED)
+@router.post(ENROLL, status_code=status.HTTP_201_CREATED)
 async def enroll_node(body: EnrollRequest, session: Transaction, state: State) -> EnrollResponse:
     return await enroll(session, body, heartbeat_interval_s=state.settings.heartbeat_interval_s)
 
 
-@router.post("/heartbeat", responses=NODE_ROUTE)
+@router.post(HEARTBEAT, responses=NODE_ROUTE)
 async def heartbeat(body: HeartbeatRequest, request: HeartbeatTransaction) -> HeartbeatResponse:
-    return await record_heartbeat(
+    answer = await record_heartbeat(
         request.session,
         request.node,
         body,
         heartbeat_interval_s=request.state.settings.heartbeat_interval_s,
     )
+    request.state.metrics.heartbeats.inc()
+    return answer
 
 
-@router.put("/inventory", responses=NODE_ROUTE)
+@router.put(INVENTORY, responses=NODE_ROUTE)
 async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestResult:
-    return await ingest_inventory(
-        request.session,
-        request.node,
-        body,
-        future_skew_limit_s=request.state.settings.future_skew_limit_s,
-    )
+    with counted_ingest(request.state.metrics, "inventory") as count:
+        return count(
+            await ingest_inventory(
+                request.session,
+                request.node,
+                body,
+                future_skew_limit_s=request.state.settings.future_skew_limit_s,
+            )
+        )
 
 
-@router.put("/telemetry", responses=NODE_ROUTE)
+@router.put(TELEMETRY, responses=NODE_ROUTE)
 async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestResult:
-    return await ingest_telemetry(
-        request.session,
-        request.node,
-        body,
-        future_skew_limit_s=request.state.settings.future_skew_limit_s,
-    )
+    with counted_ingest(request.state.metrics, "telemetry") as count:
+        return count(
+            await ingest_telemetry(
+                request.session,
+                request.node,
+                body,
+                future_skew_limit_s=request.state.settings.future_skew_limit_s,
+            )
+        )

@@ -1,4 +1,5 @@
-"""One access-log line per request: method, path, status, duration. Never bodies or headers."""
+"""One access record per request: a log line (method, path, status, duration; never bodies
+or headers) and the request's metrics (api/metrics.py), from one status capture."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.metrics import ApiMetrics
+
 logger = logging.getLogger("modelforge.api.access")
+
+UNMATCHED = "unmatched"
 
 
 class AccessLogMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, metrics: ApiMetrics) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -30,12 +36,13 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, capture_status)
         finally:
+            elapsed = time.perf_counter() - started
+            method = scope["method"]
             # The path only, never the query string: filters could carry identifiers
             # an operator would rather not see in shared logs.
-            logger.info(
-                "%s %s %d %.1fms",
-                scope["method"],
-                scope["path"],
-                status,
-                (time.perf_counter() - started) * 1000,
-            )
+            logger.info("%s %s %d %.1fms", method, scope["path"], status, elapsed * 1000)
+            # The router writes the matched route into the scope it was given; its
+            # template keeps the labels bounded and free of identifiers.
+            template = getattr(scope.get("route"), "path", None) or UNMATCHED
+            self.metrics.requests.labels(template, method, str(status)).inc()
+            self.metrics.latency.labels(template, method).observe(elapsed)

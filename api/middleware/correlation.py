@@ -10,9 +10,10 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.errors import ErrorBody, ErrorCode
+from schemas.protocol import CORRELATION_HEADER
 from store.correlation import correlation_id_var
 
-HEADER = "x-correlation-id"
+HEADER = CORRELATION_HEADER.lower()
 _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 logger = logging.getLogger("modelforge.api")

@@ -35,11 +35,10 @@ from typing import Any
 
 import httpx
 
+from schemas.protocol import ENROLL, HEARTBEAT, TOKENS
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-TOKENS = "/api/v1/admin/hardware/enrollment-tokens"
-ENROLL = "/api/v1/agent/enroll"
-HEARTBEAT = "/api/v1/agent/heartbeat"
 CAPABILITIES = ["hardware.inventory", "hardware.telemetry"]
 WARMUP_S = 1.0
 START_TIMEOUT_S = 60.0

@@ -1,0 +1,81 @@
+"""Prometheus metrics of one API process, served at `/metrics`.
+
+One registry per app (built in create_app, reached through ApiState): no module-level
+collectors, so two apps in one process (tests) never share counters.
+
+* requests by route template, method and status, and their latency;
+* heartbeats accepted;
+* ingest decisions per stream: applied, not applied (the reason), replay;
+* authentication refusals by error code.
+
+The route label is the template (`/api/v1/admin/hardware/nodes/{node_id}`), never the
+concrete path, so labels stay bounded and no identifier reaches the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from api.errors import Conflict
+from schemas.agent import IngestResult
+from schemas.errors import ErrorCode
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class ApiMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "modelforge_http_requests",
+            "HTTP requests answered, by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "modelforge_http_request_duration_seconds",
+            "Time from the request's arrival to its last response byte",
+            ["route", "method"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.heartbeats = Counter(
+            "modelforge_heartbeats", "Heartbeats accepted", registry=self.registry
+        )
+        self.ingest = Counter(
+            "modelforge_ingest_decisions",
+            "Inventory and telemetry samples by decision (applied, the not-applied reason, replay)",
+            ["stream", "decision"],
+            registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "modelforge_auth_failures",
+            "Refused credentials, tokens and operator keys, by error code",
+            ["code"],
+            registry=self.registry,
+        )
+
+
+@contextlib.contextmanager
+def counted_ingest(
+    metrics: ApiMetrics, stream: str
+) -> Iterator[Callable[[IngestResult], IngestResult]]:
+    """Count the decision of one inventory or telemetry sample, replays included."""
+
+    def count(result: IngestResult) -> IngestResult:
+        decision = "applied" if result.applied else str(result.reason or "not_applied")
+        metrics.ingest.labels(stream, decision).inc()
+        return result
+
+    try:
+        yield count
+    except Conflict as exc:
+        if exc.code == ErrorCode.SEQUENCE_REPLAYED:
+            metrics.ingest.labels(stream, "replay").inc()
+        raise

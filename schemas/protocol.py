@@ -1,0 +1,53 @@
+"""Protocol constants, defined once: route paths, headers, the secret wire format, and the
+name of the events stream. The agent, the API, the workers and the tests import them
+from here; none of them spells them out again.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# Routes -------------------------------------------------------------------------------
+
+AGENT_PREFIX: Final = "/api/v1/agent"
+ENROLL: Final = f"{AGENT_PREFIX}/enroll"
+HEARTBEAT: Final = f"{AGENT_PREFIX}/heartbeat"
+INVENTORY: Final = f"{AGENT_PREFIX}/inventory"
+TELEMETRY: Final = f"{AGENT_PREFIX}/telemetry"
+
+ADMIN_PREFIX: Final = "/api/v1/admin"
+TOKENS: Final = f"{ADMIN_PREFIX}/hardware/enrollment-tokens"
+NODES: Final = f"{ADMIN_PREFIX}/hardware/nodes"
+AUDIT: Final = f"{ADMIN_PREFIX}/audit"
+FLEET: Final = f"{ADMIN_PREFIX}/fleet"
+DEAD_LETTERS: Final = f"{ADMIN_PREFIX}/workers/dead-letters"
+
+HEALTHZ: Final = "/healthz"
+READYZ: Final = "/readyz"
+METRICS: Final = "/metrics"
+
+# Headers ------------------------------------------------------------------------------
+
+ADMIN_HEADER: Final = "X-ModelForge-Admin-Token"
+CORRELATION_HEADER: Final = "X-Correlation-ID"
+
+# Secrets on the wire: ``<prefix>.<id as 32 hex>.<secret>`` ------------------------------
+
+NODE_CREDENTIAL_PREFIX: Final = "mfn"
+ENROLLMENT_TOKEN_PREFIX: Final = "mfe"
+SECRET_MIN_LENGTH: Final = 20
+SECRET_MAX_LENGTH: Final = 100
+
+
+def secret_pattern(prefix: str) -> re.Pattern[str]:
+    """The shape of a secret with this prefix; group 1 is the id."""
+    return re.compile(
+        rf"^{re.escape(prefix)}\.([0-9a-f]{{32}})\."
+        rf"[A-Za-z0-9_\-]{{{SECRET_MIN_LENGTH},{SECRET_MAX_LENGTH}}}$"
+    )
+
+
+# Streams ------------------------------------------------------------------------------
+
+EVENTS_STREAM: Final = "MODELFORGE_EVENTS"

@@ -1,0 +1,61 @@
+"""Node rules that the API and the workers share, in one place.
+
+* `now`: the database clock, the only clock decisions are made by;
+* `lock`: a node's event lock, then its row (the order agent requests take too);
+* `is_terminal`: a decommissioned node can never change again;
+* `revoke_active_credentials`: the one UPDATE that ends a node's credentials;
+* `with_liveness`: a node and its computed liveness, in one read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.liveness import LivenessThresholds, liveness_expression
+from store.locks import node_xact_lock
+from store.models import Node, NodeCredential
+
+
+async def now(session: AsyncSession) -> datetime:
+    """The database's statement time: server time, never a host's clock."""
+    value: datetime = (await session.execute(select(func.statement_timestamp()))).scalar_one()
+    return value
+
+
+async def lock(session: AsyncSession, node_id: uuid.UUID) -> Node | None:
+    """Hold the node's event lock and row lock for the transaction; None if it does not
+    exist. The event lock comes first, in the same order agent requests take it."""
+    await session.execute(select(node_xact_lock(node_id)))
+    return await session.get(Node, node_id, with_for_update=True, populate_existing=True)
+
+
+def is_terminal(node: Node) -> bool:
+    return node.decommissioned_at is not None
+
+
+async def revoke_active_credentials(
+    session: AsyncSession, node_id: uuid.UUID, reason: str, at: datetime
+) -> list[uuid.UUID]:
+    """Revoke every active credential of the node; the ids revoked."""
+    result = await session.execute(
+        update(NodeCredential)
+        .where(NodeCredential.node_id == node_id, NodeCredential.revoked_at.is_(None))
+        .values(revoked_at=at, revoked_reason=reason)
+        .returning(NodeCredential.id)
+    )
+    return list(result.scalars().all())
+
+
+async def with_liveness(
+    session: AsyncSession, thresholds: LivenessThresholds, node_id: uuid.UUID
+) -> tuple[Node, str] | None:
+    row = (
+        await session.execute(
+            select(Node, liveness_expression(thresholds)).where(Node.id == node_id)
+        )
+    ).one_or_none()
+    return (row[0], row[1]) if row is not None else None
