@@ -9,8 +9,10 @@ drives heartbeats from --concurrency closed-loop clients for --duration seconds.
 drives ops/bench/noop_app.py with the identical load generator and prints both and their
 ratios. Everything it starts is stopped again, also on Ctrl-C.
 
-The load generator runs in this process, on the same machine: on a small machine it
-competes with the server for CPU, so compare the ratio rather than the absolute numbers.
+The Python load generator runs in this process, on the same machine: on a small machine
+it competes with the server for CPU and caps the baseline. Where Debian's `wrk` is
+installed, both phases run again under wrk (ops/bench/wrk_load.py), which is not the
+bottleneck. Compare the ratios rather than the absolute numbers.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from types import FrameType
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wrk_load
 
 from schemas.protocol import ENROLL, HEARTBEAT, TOKENS
 
@@ -236,6 +241,7 @@ async def send_noop(client: httpx.AsyncClient, node: Node) -> httpx.Response:
 
 
 def run(args: argparse.Namespace, workdir: Path) -> None:
+    use_wrk = wrk_load.available()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     admin_key = secrets.token_urlsafe(24)
@@ -265,6 +271,19 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                     args.concurrency,
                 )
             )
+            wrk_beats = (
+                wrk_load.run(
+                    "heartbeat",
+                    api_url,
+                    HEARTBEAT,
+                    [(n.credential, heartbeat(n)) for n in nodes],
+                    duration_s=args.duration,
+                    connections=args.concurrency,
+                    workdir=workdir,
+                )
+                if use_wrk
+                else None
+            )
         noop_port = free_port()
         noop_url = f"http://127.0.0.1:{noop_port}"
         noop_log = workdir / "noop.log"
@@ -273,6 +292,19 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             wait_healthy("the no-op app", noop_url, noop, noop_log)
             baseline = asyncio.run(
                 drive("no-op", noop_url, nodes, send_noop, args.duration, args.concurrency)
+            )
+            wrk_baseline = (
+                wrk_load.run(
+                    "no-op",
+                    noop_url,
+                    "/noop",
+                    [(n.credential, heartbeat(n)) for n in nodes],
+                    duration_s=args.duration,
+                    connections=args.concurrency,
+                    workdir=workdir,
+                )
+                if use_wrk
+                else None
             )
 
     print(
@@ -286,6 +318,21 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         f"\nheartbeat / no-op: throughput {beats.throughput / baseline.throughput:.2f}x,"
         f" p50 {beats.percentile(50) / baseline.percentile(50):.2f}x,"
         f" p99 {beats.percentile(99) / baseline.percentile(99):.2f}x"
+    )
+    if wrk_beats is None or wrk_baseline is None:
+        print(
+            "\n(wrk not found: `apt-get install wrk` for the load generator that is not "
+            "the bottleneck)"
+        )
+        return
+    print(f"\nthe same with wrk ({args.concurrency} connections, 2 threads):")
+    print(wrk_beats.line())
+    print(wrk_baseline.line())
+    print(
+        f"\nheartbeat / no-op (wrk): throughput "
+        f"{wrk_beats.throughput / wrk_baseline.throughput:.2f}x,"
+        f" p50 {wrk_beats.p50_s / wrk_baseline.p50_s:.2f}x,"
+        f" p99 {wrk_beats.p99_s / wrk_baseline.p99_s:.2f}x"
     )
 
 
