@@ -59,6 +59,11 @@ logger = logging.getLogger("modelforge.agent.http")
 Answer = TypeVar("Answer", bound=WireModel)
 
 
+# Longer than the heartbeat interval (a connection is reused from one to the next), and
+# shorter than the API's keep-alive timeout (api/settings.py: keep_alive_s).
+KEEPALIVE_EXPIRY_S = 20.0
+
+
 @dataclass(frozen=True)
 class TlsOptions:
     """Private-CA TLS: the CA bundle that signs the API's certificate, and optionally this
@@ -96,7 +101,12 @@ def make_http_client(
         verify=(tls or TlsOptions()).ssl_context() if secure else True,
         timeout=httpx.Timeout(timeout_s),
         limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            # Below the API's keep-alive (KEEP_ALIVE_S, 30 s): the client drops an idle
+            # connection before the server does, so a heartbeat never races the server's
+            # close (a reset, retried, but a failure all the same).
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         ),
         headers={"User-Agent": f"modelforge-agent/{AGENT_VERSION}"},
         follow_redirects=False,

@@ -43,7 +43,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
         )
         try:
             async with presence_beat(
-                sessions, period_s=settings.presence_period_s, gap_s=settings.presence_gap_s
+                sessions,
+                period_s=settings.beat_period_s,
+                gap_s=settings.gap_s,
+                listener=(settings.host, settings.port),
             ):
                 yield
         finally:

@@ -3,6 +3,11 @@ from "nobody was listening" (store/fleet.py).
 
 One task per API process, started in the lifespan. A failed beat (database down) is
 logged once per outage, not once a second; the next successful one records the gap.
+
+A beat also needs the process's own listener to accept a connection: when the server
+begins to shut down it closes the listener at once but runs the lifespan's shutdown only
+after draining, and in between it is not hearing heartbeats any more. Beating on then
+would let the sweepers count that silence against the nodes.
 """
 
 from __future__ import annotations
@@ -20,11 +25,35 @@ from store.fleet import beat
 logger = logging.getLogger("modelforge.api.presence")
 
 
+def _client_host(host: str) -> str:
+    """Where this process reaches its own listener bound to host."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+
+
+async def _listening(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
 async def _beat_forever(
-    sessions: async_sessionmaker[AsyncSession], period_s: float, gap_s: float
+    sessions: async_sessionmaker[AsyncSession],
+    period_s: float,
+    gap_s: float,
+    listener: tuple[str, int],
 ) -> None:
     failing = False
+    host, port = _client_host(listener[0]), listener[1]
     while True:
+        if not await _listening(host, port):
+            # Starting up (not bound yet) or shutting down (closed): no beat either way.
+            await asyncio.sleep(period_s)
+            continue
         try:
             async with sessions() as session, session.begin():
                 resumed = await beat(session, gap_s=gap_s)
@@ -41,9 +70,13 @@ async def _beat_forever(
 
 @contextlib.asynccontextmanager
 async def presence_beat(
-    sessions: async_sessionmaker[AsyncSession], *, period_s: float, gap_s: float
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    period_s: float,
+    gap_s: float,
+    listener: tuple[str, int],
 ) -> AsyncIterator[None]:
-    task = asyncio.create_task(_beat_forever(sessions, period_s, gap_s), name="presence")
+    task = asyncio.create_task(_beat_forever(sessions, period_s, gap_s, listener), name="presence")
     try:
         yield
     finally:

@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from store.liveness import presence_gap
+
 
 class ApiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
@@ -28,9 +30,14 @@ class ApiSettings(BaseSettings):
     # often; no refresh for presence_gap_s is an outage, and heartbeats that predate it
     # count from its end plus restart_grace_s. The workers read the same two settings.
     presence_period_s: float = Field(default=1.0, gt=0)
-    presence_gap_s: float = Field(default=5.0, gt=0)
+    # None: 5 s; never more than a third of STALE_AFTER_S (store/liveness.py).
+    presence_gap_s: float | None = Field(default=None, gt=0)
     restart_grace_s: float = Field(default=30.0, ge=0)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # Idle keep-alive connections stay open this long: longer than an agent's heartbeat
+    # interval and than its client's keep-alive expiry (20 s), so agents reuse one
+    # connection and it is always the client that closes an idle one.
+    keep_alive_s: float = Field(default=30.0, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
     log_level: str = "INFO"
     # /readyz answers 503 when the relay is this far behind (events stall: no worker
@@ -46,11 +53,14 @@ class ApiSettings(BaseSettings):
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
 
-    @model_validator(mode="after")
-    def _presence_within_gap(self) -> ApiSettings:
-        if self.presence_period_s * 2 > self.presence_gap_s:
-            raise ValueError("MODELFORGE_PRESENCE_GAP_S must be at least twice PRESENCE_PERIOD_S")
-        return self
+    @property
+    def gap_s(self) -> float:
+        return presence_gap(self.presence_gap_s, self.stale_after_s)
+
+    @property
+    def beat_period_s(self) -> float:
+        # At least two beats per gap, so one late beat is not an outage.
+        return min(self.presence_period_s, self.gap_s / 2)
 
     @model_validator(mode="after")
     def _tls_complete(self) -> ApiSettings:

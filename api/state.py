@@ -32,7 +32,7 @@ class ApiState:
             stale_after_s=self.settings.stale_after_s,
             offline_after_s=self.settings.offline_after_s,
             restart_grace_s=self.settings.restart_grace_s,
-            presence_gap_s=self.settings.presence_gap_s,
+            presence_gap_s=self.settings.gap_s,
         )
 
 

@@ -32,6 +32,7 @@ def _api(_: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         server_header=False,
+        timeout_keep_alive=int(settings.keep_alive_s),
         **settings.uvicorn_tls(),
     )
     return 0

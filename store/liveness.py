@@ -29,6 +29,14 @@ from store.models import ControlPlanePresence, Node
 API: Final = "api"
 
 
+def presence_gap(configured_s: float | None, stale_after_s: float) -> float:
+    """The presence gap: as configured, else 5 s, and always well inside the stale
+    threshold (a third of it), so the sweepers notice that no API is there before a
+    node's silence could turn it stale. The API and the workers derive it alike."""
+    limit = stale_after_s / 3
+    return min(configured_s, limit) if configured_s is not None else min(5.0, limit)
+
+
 @dataclass(frozen=True)
 class LivenessThresholds:
     stale_after_s: float

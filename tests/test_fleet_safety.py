@@ -25,8 +25,9 @@ from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import db_fetch
 from workers.liveness import sweep
 
+# The presence gap well inside the stale threshold, as in production (5 s and 30 s).
 THRESHOLDS = LivenessThresholds(
-    stale_after_s=1.0, offline_after_s=2.0, restart_grace_s=1.5, presence_gap_s=0.8
+    stale_after_s=1.5, offline_after_s=3.0, restart_grace_s=1.5, presence_gap_s=0.4
 )
 BREAKER = PartitionBreaker(share=0.3, min_nodes=10)
 
@@ -37,7 +38,7 @@ def start_api(api_factory: ApiFactory) -> RunningApi:
         offline_after_s=THRESHOLDS.offline_after_s,
         restart_grace_s=THRESHOLDS.restart_grace_s,
         presence_gap_s=THRESHOLDS.presence_gap_s,
-        presence_period_s=0.2,
+        presence_period_s=0.1,
     )
 
 

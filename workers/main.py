@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from broker.jetstream import BrokerSettings, build_broker
 from store.fleet import PartitionBreaker
-from store.liveness import LivenessThresholds
+from store.liveness import LivenessThresholds, presence_gap
 from workers.actors import Actors, declare_actors
 from workers.database import database_resource
 from workers.relay_middleware import OutboxRelayMiddleware
@@ -67,7 +67,7 @@ def run_worker_process(
         settings.stale_after_s,
         settings.offline_after_s,
         restart_grace_s=settings.restart_grace_s,
-        presence_gap_s=settings.presence_gap_s,
+        presence_gap_s=presence_gap(settings.presence_gap_s, settings.stale_after_s),
     )
     breaker = PartitionBreaker(settings.partition_share, settings.partition_min_nodes)
     actors = declare_actors(broker, database, thresholds, breaker)

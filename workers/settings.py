@@ -32,7 +32,7 @@ class WorkerSettings(RelaySettings):
     sweep_period_s: float = Field(default=0.5, gt=0)
     # Fleet safety (store/fleet.py); the presence settings must match the API's.
     restart_grace_s: float = Field(default=30.0, ge=0)
-    presence_gap_s: float = Field(default=5.0, gt=0)
+    presence_gap_s: float | None = Field(default=None, gt=0)
     # The partition breaker: more than this share of the watched nodes silent at once
     # holds offline transitions (at least partition_min_nodes watched).
     partition_share: float = Field(default=0.3, gt=0, lt=1)
