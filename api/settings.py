@@ -30,7 +30,8 @@ class ApiSettings(BaseSettings):
     # often; no refresh for presence_gap_s is an outage, and heartbeats that predate it
     # count from its end plus restart_grace_s. The workers read the same two settings.
     presence_period_s: float = Field(default=1.0, gt=0)
-    # None: 5 s; never more than a third of STALE_AFTER_S (store/liveness.py).
+    # None: 5 s, at most a third of STALE_AFTER_S (store/liveness.py). Every API process
+    # and worker must use the same value.
     presence_gap_s: float | None = Field(default=None, gt=0)
     restart_grace_s: float = Field(default=30.0, ge=0)
     max_body_bytes: int = Field(default=1_048_576, gt=0)

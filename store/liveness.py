@@ -30,11 +30,11 @@ API: Final = "api"
 
 
 def presence_gap(configured_s: float | None, stale_after_s: float) -> float:
-    """The presence gap: as configured, else 5 s, and always well inside the stale
-    threshold (a third of it), so the sweepers notice that no API is there before a
-    node's silence could turn it stale. The API and the workers derive it alike."""
-    limit = stale_after_s / 3
-    return min(configured_s, limit) if configured_s is not None else min(5.0, limit)
+    """The presence gap: as configured, else 5 s but at most a third of the stale
+    threshold, so the sweepers notice that no API is there before a node's silence could
+    turn it stale. The API and the workers derive it alike; every API process must use
+    the same value (a process with a shorter gap takes the others' beats for outages)."""
+    return configured_s if configured_s is not None else min(5.0, stale_after_s / 3)
 
 
 @dataclass(frozen=True)
