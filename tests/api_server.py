@@ -22,6 +22,11 @@ from api.app import create_app
 from api.settings import ApiSettings
 
 OPERATOR_KEY = "test-operator-key-0123456789abcdef"
+# Tests run liveness on thresholds of a second or two, which would derive a presence gap
+# of a fraction of a second (store/liveness.py): then a GIL pause of the in-process API
+# reads as an outage and grants restart grace mid-test. The sweepers in tests use the
+# same default (LivenessThresholds); tests of restart grace set their own gap.
+PRESENCE_GAP_S = 5.0
 
 
 def free_port() -> int:
@@ -92,6 +97,7 @@ def api_factory(database_url: str, nats_url: str) -> Iterator[ApiFactory]:
             "operator_api_key": OPERATOR_KEY,
             "port": free_port(),
             "db_pool_size": 20,
+            "presence_gap_s": PRESENCE_GAP_S,
         }
         values.update(overrides)
         running = start_api(ApiSettings(**values))

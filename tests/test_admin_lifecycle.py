@@ -187,9 +187,8 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
         assert decommissioned_rows[0]["details"]["revoked_enrollment_token_ids"] == [recovery_id]
 
     # Long after, on tiny thresholds, the tombstone still reads as decommissioned.
-    # The same presence gap as the API already running here (the default for 30 s):
-    # a shorter one would take that API's beats for outages and grant restart grace.
-    quick = api_factory(stale_after_s=0.1, offline_after_s=0.2, presence_gap_s=5.0)
+    # (The same presence gap as the API already running here: tests/api_server.py.)
+    quick = api_factory(stale_after_s=0.1, offline_after_s=0.2)
     time.sleep(0.3)
     with quick.client() as client:
         assert get_node(client, quick, node.node_id)["liveness"] == "decommissioned"

@@ -21,7 +21,7 @@ from agent.processes import start_process, stop_process
 from broker.jetstream import BrokerSettings, build_broker
 from schemas.protocol import AUDIT, DEAD_LETTERS
 from stack.embedded_nats import EmbeddedNats
-from tests.api_server import ApiFactory, RunningApi
+from tests.api_server import PRESENCE_GAP_S, ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
 
 STALE_S = 2.0
@@ -44,6 +44,7 @@ def _env(database_url: str, nats_url: str, namespace: str) -> dict[str, str]:
         # armed that would (rightly) hold every offline transition. It has its own
         # tests (tests/test_fleet_safety.py).
         "MODELFORGE_PARTITION_MIN_NODES": "1000000",
+        "MODELFORGE_PRESENCE_GAP_S": str(PRESENCE_GAP_S),
     }
 
 
