@@ -33,6 +33,7 @@ class EventType(StrEnum):
     NODE_CREDENTIAL_ROTATED = "node.credential.rotated"
     NODE_DECOMMISSIONED = "node.decommissioned"
     NODE_STREAM_NOT_APPLIED = "node.stream.not_applied"
+    NODE_INVENTORY_ACCEPTED = "node.inventory.accepted"
     NODE_LIVENESS_CHANGED = "node.liveness.changed"
     GPU_ADDED = "node.gpu.added"
     GPU_MISSING = "node.gpu.missing"
@@ -61,8 +62,34 @@ def subject_filter(node_id: str | None = None, event_type: EventType | None = No
     return f"{SUBJECT_PREFIX}.{kind}.{node_id or '*'}.{rest}"
 
 
+# What the id in each subject kind names, and the audit target type it stands for.
+SUBJECT_IDS: dict[str, str] = {"node": "node_id", "token": "token_id", "fleet": "incident_id"}
+TARGET_TYPES: dict[str, str] = {
+    "node": "node",
+    "token": "enrollment_token",
+    "fleet": "fleet_incident",
+}
+
+# Who made a change: the operator (admin API), a node (its own credential), or a worker
+# deciding by itself (`worker:<job>`, e.g. `worker:liveness`).
+OPERATOR_ACTOR = "operator"
+
+
+def node_actor(node_id: object) -> str:
+    return f"node:{node_id}"
+
+
+def worker_actor(job: str) -> str:
+    return f"worker:{job}"
+
+
 class CloudEvent(WireModel):
-    """Structured-mode CloudEvents 1.0 JSON, exactly as it sits on the stream."""
+    """Structured-mode CloudEvents 1.0 JSON, exactly as it sits on the stream.
+
+    Complete enough to audit from: the audit log is written from these envelopes alone
+    (workers/audit.py), so every one names who did what to which object, and why (the
+    correlation id of the request or message that caused it).
+    """
 
     specversion: Literal["1.0"] = "1.0"
     id: uuid.UUID
@@ -74,6 +101,12 @@ class CloudEvent(WireModel):
     # Extension attributes (lowercase alphanumerics, per the spec).
     correlationid: str | None = None
     nodeid: uuid.UUID | None = None
+    actor: str
+    # The EventType value (e.g. "node.enrolled"): the audit log's action.
+    action: str
+    # What changed: a TARGET_TYPES value or "gpu", and its id ("<node_id>/<gpu uuid>").
+    targettype: str
+    targetid: str
     data: dict[str, Any]
 
 
@@ -137,6 +170,8 @@ class NodeDecommissioned(WireModel):
     node_id: uuid.UUID
     reason: str
     revoked_credential_ids: list[uuid.UUID]
+    # Unused recovery tokens bound to the node, revoked with it.
+    revoked_enrollment_token_ids: list[uuid.UUID]
 
 
 class StreamNotApplied(WireModel):
@@ -148,6 +183,18 @@ class StreamNotApplied(WireModel):
     reason: str
     observed_at: datetime
     received_at: datetime
+
+
+class InventoryAccepted(WireModel):
+    """An inventory report passed the ordering rules and waits for reconciliation
+    (GPU added/changed/missing/returned), which a worker does from the stored report."""
+
+    node_id: uuid.UUID
+    sequence: int
+    observed_at: datetime
+    received_at: datetime
+    complete: bool
+    gpu_count: int
 
 
 class LivenessChanged(WireModel):
@@ -208,6 +255,8 @@ EVENT_MEANINGS: dict[EventType, str] = {
     EventType.NODE_CREDENTIAL_ROTATED: "the credential was replaced",
     EventType.NODE_DECOMMISSIONED: "terminal: the identity is refused everywhere, forever",
     EventType.NODE_STREAM_NOT_APPLIED: "an inventory/telemetry sample was not applied (clock)",
+    EventType.NODE_INVENTORY_ACCEPTED: "an inventory report was accepted; GPU events follow "
+    "once a worker has reconciled it",
     EventType.NODE_LIVENESS_CHANGED: "online, stale or offline, from server-received time",
     EventType.GPU_ADDED: "a GPU UUID was seen on the node for the first time",
     EventType.GPU_MISSING: "a complete inventory omitted a known GPU",
@@ -219,6 +268,13 @@ EVENT_MEANINGS: dict[EventType, str] = {
     "nodes go offline",
     EventType.FLEET_PARTITION_RESOLVED: "the silent share fell back; the incident is over",
 }
+
+# Events that record no change of state, so the audit log leaves them out: an accepted
+# report is work for the workers (the GPU and node events it leads to are audited), and
+# a refused sample changed nothing but the cursor.
+NOT_AUDITED: frozenset[str] = frozenset(
+    {EventType.NODE_INVENTORY_ACCEPTED.value, EventType.NODE_STREAM_NOT_APPLIED.value}
+)
 
 EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.TOKEN_CREATED: TokenCreated,
@@ -232,6 +288,7 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.NODE_CREDENTIAL_ROTATED: CredentialRotatedEvent,
     EventType.NODE_DECOMMISSIONED: NodeDecommissioned,
     EventType.NODE_STREAM_NOT_APPLIED: StreamNotApplied,
+    EventType.NODE_INVENTORY_ACCEPTED: InventoryAccepted,
     EventType.NODE_LIVENESS_CHANGED: LivenessChanged,
     EventType.GPU_ADDED: GpuEvent,
     EventType.GPU_MISSING: GpuEvent,
@@ -241,6 +298,3 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.FLEET_PARTITION_ACKNOWLEDGED: PartitionAcknowledged,
     EventType.FLEET_PARTITION_RESOLVED: PartitionResolved,
 }
-
-# What the id in each subject kind names.
-SUBJECT_IDS: dict[str, str] = {"node": "node_id", "token": "token_id", "fleet": "incident_id"}

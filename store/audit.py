@@ -1,39 +1,52 @@
-"""Audit rows, written by the caller inside the transaction of the change they record."""
+"""The audit log, written from the event stream (workers/audit.py) and nowhere else.
+
+One row per CloudEvent (but the NOT_AUDITED kinds), keyed by the event id: a redelivered
+event, or one delivered to two consumers, inserts nothing the second time. Details are
+the event's data without the id the subject already names (node_id, token_id or
+incident_id).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.correlation import current_correlation_id
+from schemas.events import NOT_AUDITED, SUBJECT_IDS, SUBJECT_PREFIX, CloudEvent
 from store.models import AuditEntry
 
-OPERATOR = "operator"
-# Decisions the control plane makes by itself (liveness sweeps).
-SYSTEM = "system"
+
+def _details(event: CloudEvent) -> dict[str, Any]:
+    kind = event.subject.removeprefix(f"{SUBJECT_PREFIX}.").partition(".")[0]
+    named = SUBJECT_IDS.get(kind)
+    return {key: value for key, value in event.data.items() if key != named}
 
 
-def node_actor(node_id: object) -> str:
-    return f"node:{node_id}"
+def row(event: CloudEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.id,
+        "at": event.time,
+        "actor": event.actor,
+        "action": event.action,
+        "target_type": event.targettype,
+        "target_id": event.targetid,
+        "correlation_id": event.correlationid,
+        "details": _details(event),
+    }
 
 
-def record(
-    session: AsyncSession,
-    *,
-    actor: str,
-    action: str,
-    target_type: str,
-    target_id: object,
-    details: dict[str, Any] | None = None,
-) -> None:
-    session.add(
-        AuditEntry(
-            actor=actor,
-            action=action,
-            target_type=target_type,
-            target_id=str(target_id),
-            correlation_id=current_correlation_id(),
-            details=details or {},
-        )
+async def append(session: AsyncSession, events: Sequence[CloudEvent]) -> int:
+    """Insert the events' rows, in the given order, skipping any already there and the
+    kinds that are not audited (schemas.events.NOT_AUDITED); how many were new."""
+    rows = [row(event) for event in events if event.action not in NOT_AUDITED]
+    if not rows:
+        return 0
+    statement = (
+        insert(AuditEntry)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=[AuditEntry.event_id])
+        .returning(AuditEntry.id)
     )
+    return len((await session.execute(statement)).all())

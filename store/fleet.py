@@ -34,18 +34,21 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.events import (
+    OPERATOR_ACTOR,
     EventType,
     PartitionAcknowledged,
     PartitionResolved,
     PartitionSuspected,
+    worker_actor,
 )
-from store import audit, nodes, outbox
+from store import changes, nodes
 from store.liveness import API, LivenessThresholds, liveness_expression, seconds
 from store.models import ControlPlanePresence, FleetIncident, Node
 
 PARTITION: Final = "partition_suspected"
 WATCHED: Final = ("online", "stale")
 SILENT: Final = ("stale", "offline")
+SWEEPER: Final = worker_actor("liveness")
 
 
 class IncidentNotFound(Exception):
@@ -189,7 +192,7 @@ async def _open(session: AsyncSession, count: FleetCount, breaker: PartitionBrea
         silent_nodes=count.silent,
         threshold=breaker.share,
     )
-    _record(session, EventType.FLEET_PARTITION_SUSPECTED, incident_id, event, audit.SYSTEM)
+    changes.record(session, EventType.FLEET_PARTITION_SUSPECTED, event, actor=SWEEPER)
 
 
 async def _resolve(session: AsyncSession, incident: FleetIncident, count: FleetCount) -> None:
@@ -209,7 +212,7 @@ async def _resolve(session: AsyncSession, incident: FleetIncident, count: FleetC
         silent_nodes=count.silent,
         acknowledged=resolved.acknowledged_at is not None,
     )
-    _record(session, EventType.FLEET_PARTITION_RESOLVED, incident.id, event, audit.SYSTEM)
+    changes.record(session, EventType.FLEET_PARTITION_RESOLVED, event, actor=SWEEPER)
 
 
 async def acknowledge(session: AsyncSession, incident_id: uuid.UUID, reason: str) -> FleetIncident:
@@ -223,7 +226,7 @@ async def acknowledge(session: AsyncSession, incident_id: uuid.UUID, reason: str
         incident.acknowledged_at = await nodes.now(session)
         incident.acknowledged_reason = reason
         event = PartitionAcknowledged(incident_id=incident.id, reason=reason)
-        _record(session, EventType.FLEET_PARTITION_ACKNOWLEDGED, incident.id, event, audit.OPERATOR)
+        changes.record(session, EventType.FLEET_PARTITION_ACKNOWLEDGED, event, actor=OPERATOR_ACTOR)
         await session.flush()
     return incident
 
@@ -236,21 +239,3 @@ async def list_incidents(session: AsyncSession, *, limit: int) -> list[FleetInci
             )
         ).scalars()
     )
-
-
-def _record(
-    session: AsyncSession,
-    kind: EventType,
-    incident_id: uuid.UUID,
-    event: PartitionSuspected | PartitionAcknowledged | PartitionResolved,
-    actor: str,
-) -> None:
-    audit.record(
-        session,
-        actor=actor,
-        action=kind.value,
-        target_type="fleet_incident",
-        target_id=incident_id,
-        details=event.model_dump(mode="json", exclude={"incident_id"}),
-    )
-    outbox.emit(session, kind, target_id=incident_id, payload=event)

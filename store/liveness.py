@@ -21,8 +21,8 @@ from typing import Final, Literal
 from sqlalchemy import ColumnElement, case, func, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from schemas.events import EventType, LivenessChanged
-from store import audit, outbox
+from schemas.events import EventType, LivenessChanged, node_actor, worker_actor
+from store import changes
 from store.models import ControlPlanePresence, Node
 
 # The presence row every API process refreshes (store/fleet.py).
@@ -105,14 +105,5 @@ async def record_transition(
         last_heartbeat_at=last_heartbeat_at,
         decided_by=decided_by,
     )
-    audit.record(
-        session,
-        actor=audit.SYSTEM if decided_by == "sweep" else audit.node_actor(node_id),
-        action=EventType.NODE_LIVENESS_CHANGED.value,
-        target_type="node",
-        target_id=node_id,
-        details=change.model_dump(mode="json", exclude={"node_id"}),
-    )
-    outbox.emit(
-        session, EventType.NODE_LIVENESS_CHANGED, target_id=node_id, node_id=node_id, payload=change
-    )
+    actor = worker_actor("liveness") if decided_by == "sweep" else node_actor(node_id)
+    changes.record(session, EventType.NODE_LIVENESS_CHANGED, change, actor=actor)

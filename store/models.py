@@ -137,15 +137,39 @@ class Gpu(Base):
     missing_since: Mapped[datetime | None]
 
 
+class InventoryObservation(Base):
+    """An accepted inventory report that a worker has not reconciled yet.
+
+    The inventory route stores it (and its node.inventory.accepted event) once the
+    ordering rules accept it; workers/reconcile.py applies a node's rows in sequence
+    order and deletes them. Sequences of one node's accepted reports only increase.
+    """
+
+    __tablename__ = "inventory_observations"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    received_at: Mapped[datetime]
+    # The request's, so the GPU events a worker derives from it share it.
+    correlation_id: Mapped[str | None] = mapped_column(String(128))
+    report: Mapped[dict[str, Any]]
+
+
 class AuditEntry(Base):
+    """Written only by the audit consumer (workers/audit.py), from the event stream."""
+
     __tablename__ = "audit_log"
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    # The CloudEvent this row was written from: at most one row per event, however
+    # often the stream delivers it. NULL only for rows written before 0005.
+    event_id: Mapped[uuid.UUID | None] = mapped_column(unique=True)
+    # When the change happened (the event's time), not when the row was written.
     at: Mapped[datetime] = mapped_column(server_default=func.now())
     actor: Mapped[str] = mapped_column(String(100))
     action: Mapped[str] = mapped_column(String(100))
     target_type: Mapped[str] = mapped_column(String(50))
-    target_id: Mapped[str] = mapped_column(String(100))
+    target_id: Mapped[str] = mapped_column(String(200))
     correlation_id: Mapped[str | None] = mapped_column(String(128))
     details: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
 

@@ -78,6 +78,7 @@ def beat(client: httpx.Client, node: EnrolledNode, **extra: Any) -> httpx.Respon
 
 
 def audit(client: httpx.Client, api: RunningApi, **params: Any) -> list[dict[str, Any]]:
+    api.settle()
     items: list[dict[str, Any]] = ok(
         client.get(AUDIT, params={"limit": 1000, **params}, headers=api.admin_headers)
     )["items"]

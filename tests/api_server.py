@@ -20,6 +20,7 @@ import uvicorn
 
 from api.app import create_app
 from api.settings import ApiSettings
+from tests.pipeline import RunningPipeline, settle
 
 OPERATOR_KEY = "test-operator-key-0123456789abcdef"
 # Tests run liveness on thresholds of a second or two, which would derive a presence gap
@@ -42,6 +43,13 @@ class RunningApi:
     settings: ApiSettings
     server: uvicorn.Server
     thread: threading.Thread
+    # The workers' event pipeline on this API's database (tests/pipeline.py), if any.
+    pipeline: RunningPipeline | None = None
+
+    def settle(self) -> None:
+        """Wait for the workers' side of every change so far: audit rows, reconciliation
+        (by the pipeline beside this API, or by worker processes the test runs)."""
+        settle(self.settings.database_url, self.pipeline)
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -86,11 +94,18 @@ ApiFactory = Callable[..., RunningApi]
 
 
 @pytest.fixture
-def api_factory(database_url: str, nats_url: str) -> Iterator[ApiFactory]:
-    """Start an API against this test's database; keyword arguments override settings."""
+def api_factory(
+    database_url: str, nats_url: str, request: pytest.FixtureRequest
+) -> Iterator[ApiFactory]:
+    """Start an API against this test's database; keyword arguments override settings.
+
+    Beside it runs the workers' event pipeline (the `pipeline` fixture), as a stack
+    always has workers. pipeline=False: none, for tests that run their own relay or real
+    worker processes.
+    """
     started: list[RunningApi] = []
 
-    def factory(**overrides: Any) -> RunningApi:
+    def factory(*, pipeline: bool = True, **overrides: Any) -> RunningApi:
         values: dict[str, Any] = {
             "database_url": database_url,
             "nats_url": nats_url,
@@ -100,7 +115,11 @@ def api_factory(database_url: str, nats_url: str) -> Iterator[ApiFactory]:
             "presence_gap_s": PRESENCE_GAP_S,
         }
         values.update(overrides)
+        workers: RunningPipeline | None = None
+        if pipeline and values["database_url"] == database_url:
+            workers = request.getfixturevalue("pipeline")
         running = start_api(ApiSettings(**values))
+        running.pipeline = workers
         started.append(running)
         return running
 

@@ -13,10 +13,11 @@ import pytest
 
 from api.settings import ApiSettings
 from schemas.protocol import AUDIT
-from tests.api_server import OPERATOR_KEY, RunningApi, free_port, start_api
+from tests.api_server import OPERATOR_KEY, PRESENCE_GAP_S, RunningApi, free_port, start_api
 from tests.flows import (
     NODES,
 )
+from tests.pipeline import RunningPipeline
 from tests.services import admin_execute, drop_database, with_database
 
 GENERATED_CORRELATION_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -26,7 +27,12 @@ GENERATED_CORRELATION_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @pytest.fixture(scope="module")
-def shared_api(pg_admin_url: str, migrated_template: str, nats_url: str) -> Iterator[RunningApi]:
+def shared_api(
+    pg_admin_url: str,
+    migrated_template: str,
+    nats_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningApi]:
     """One server and database for the many small cases of this module.
 
     Each case enrolls its own nodes and looks only at them, so sharing is safe; it saves
@@ -34,21 +40,26 @@ def shared_api(pg_admin_url: str, migrated_template: str, nats_url: str) -> Iter
     """
     name = f"mf_contract_{secrets.token_hex(6)}"
     admin_execute(pg_admin_url, f'CREATE DATABASE "{name}" TEMPLATE "{migrated_template}"')
+    database_url = with_database(pg_admin_url, name)
+    pipeline = RunningPipeline(database_url, tmp_path_factory.mktemp("pipeline")).start()
     try:
         running = start_api(
             ApiSettings(
-                database_url=with_database(pg_admin_url, name),
+                database_url=database_url,
                 nats_url=nats_url,
                 operator_api_key=OPERATOR_KEY,
                 port=free_port(),
                 db_pool_size=20,
+                presence_gap_s=PRESENCE_GAP_S,
             )
         )
+        running.pipeline = pipeline
         try:
             yield running
         finally:
             running.stop()
     finally:
+        pipeline.stop()
         drop_database(pg_admin_url, name)
 
 
@@ -85,10 +96,12 @@ def unknown_credential() -> str:
 
 
 def node_view(client: httpx.Client, api: RunningApi, node_id: str) -> dict[str, Any]:
+    api.settle()  # GPUs are reconciled by the workers
     return assert_ok(client.get(f"{NODES}/{node_id}", headers=api.admin_headers))
 
 
 def audit_rows(client: httpx.Client, api: RunningApi, **params: Any) -> list[dict[str, Any]]:
+    api.settle()
     response = client.get(AUDIT, params={"limit": 1000, **params}, headers=api.admin_headers)
     items: list[dict[str, Any]] = assert_ok(response)["items"]
     return items

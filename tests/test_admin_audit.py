@@ -97,7 +97,7 @@ def test_audit_log_queries(api: RunningApi) -> None:
         # Details name what changed, never a secret.
         rotate_row = next(r for r in rows if r["action"] == "node.credential.rotated")
         assert rotate_row["details"]["credential_id"] == rotated["credential_id"]
-        assert rotate_row["details"]["revoked"] == [credential_id(node.credential)]
+        assert rotate_row["details"]["revoked_credential_ids"] == [credential_id(node.credential)]
         assert rotated["credential"].split(".")[2] not in str(rows)
 
         # since / until partition the log at a row's own timestamp.

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +16,25 @@ import pytest
 from schemas.catalog import render
 from schemas.events import EventType, subject_filter
 from stack.embedded_nats import EmbeddedNats
-from store.engine import make_engine, make_sessionmaker
-from tests.api_server import RunningApi
+from tests.api_server import ApiFactory, RunningApi
 from tests.flows import INVENTORY, enroll, gpu, inventory_body
-from workers.relay import OutboxRelay, connect_nats
+from tests.pipeline import RunningPipeline
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def api(
+    api_factory: ApiFactory, database_url: str, nats_server: EmbeddedNats, tmp_path: Path
+) -> Iterator[RunningApi]:
+    """With the workers' pipeline relaying to this test's own NATS, which it reads."""
+    pipeline = RunningPipeline(database_url, tmp_path, nats_url=nats_server.url).start()
+    running = api_factory(pipeline=False)
+    running.pipeline = pipeline
+    try:
+        yield running
+    finally:
+        pipeline.stop()
 
 
 def test_committed_catalog_is_current() -> None:
@@ -47,19 +60,6 @@ def test_subject_filters() -> None:
         subject_filter(node, EventType.TOKEN_CREATED)
 
 
-async def _relay_everything(database_url: str, nats_url: str) -> int:
-    engine = make_engine(database_url, pool_size=2)
-    relay = OutboxRelay(make_sessionmaker(engine), partial(connect_nats, nats_url))
-    total = 0
-    try:
-        while count := await relay.relay_once():
-            total += count
-    finally:
-        await relay.close()
-        await engine.dispose()
-    return total
-
-
 def _tail(nats_url: str, *args: str) -> list[dict[str, object]]:
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", "events", "tail", "--idle-exit", "2", *args],
@@ -81,7 +81,7 @@ async def test_events_tail_filters_by_node_and_type(
         for node in (first, second):
             body = inventory_body(node.node_id, 1, gpus=[gpu(0), gpu(1)])
             assert client.put(INVENTORY, json=body, headers=node.headers).status_code == 200
-    assert await _relay_everything(database_url, nats_server.url) >= 8
+    await asyncio.to_thread(api.settle)
 
     everything = await asyncio.to_thread(_tail, nats_server.url, "--from-start")
     assert {e["type"] for e in everything} >= {
@@ -140,14 +140,14 @@ async def test_example_durable_consumer_resumes_where_it_left_off(
         node = enroll(client, api)
         body = inventory_body(node.node_id, 1, gpus=[gpu(0), gpu(1)])
         assert client.put(INVENTORY, json=body, headers=node.headers).status_code == 200
-    await _relay_everything(database_url, nats_server.url)
+    await asyncio.to_thread(api.settle)
     first_run = await asyncio.to_thread(run_consumer_until, 2)
     assert all("gpu.added" in line for line in first_run)
 
     with api.client() as client:
         body = inventory_body(node.node_id, 2, gpus=[gpu(0), gpu(1), gpu(2)])
         assert client.put(INVENTORY, json=body, headers=node.headers).status_code == 200
-    await _relay_everything(database_url, nats_server.url)
+    await asyncio.to_thread(api.settle)
     # The durable consumer acked the first two: a restart sees only the new GPUs.
     second_run = await asyncio.to_thread(run_consumer_until, 3)
     assert len(second_run) == 3

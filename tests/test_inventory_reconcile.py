@@ -33,8 +33,11 @@ GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 
-async def outbox_events(database_url: str, node_id: str) -> list[tuple[str, dict[str, Any]]]:
-    """(subject suffix after the node id, envelope) of this node's outbox rows, in order."""
+async def outbox_events(
+    database_url: str, node_id: str, *, accepted: bool = False
+) -> list[tuple[str, dict[str, Any]]]:
+    """(subject suffix after the node id, envelope) of this node's outbox rows, in order;
+    the node.inventory.accepted work items only when asked for."""
     prefix = f"modelforge.v1.node.{node_id}."
     rows = await db_fetch(
         database_url,
@@ -42,10 +45,12 @@ async def outbox_events(database_url: str, node_id: str) -> list[tuple[str, dict
         "WHERE subject LIKE $1 ORDER BY position",
         prefix + "%",
     )
-    return [(row["subject"].removeprefix(prefix), json.loads(row["envelope"])) for row in rows]
+    events = [(row["subject"].removeprefix(prefix), json.loads(row["envelope"])) for row in rows]
+    return [e for e in events if accepted or e[0] != "inventory.accepted"]
 
 
 def detail(client: httpx.Client, api: RunningApi, node: EnrolledNode) -> dict[str, Any]:
+    api.settle()
     response = client.get(f"{NODES}/{node.node_id}", headers=api.admin_headers)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
@@ -59,6 +64,7 @@ def gpus_by_uuid(client: httpx.Client, api: RunningApi, node: EnrolledNode) -> d
 def node_audit(
     client: httpx.Client, api: RunningApi, node: EnrolledNode, **params: str
 ) -> list[dict[str, Any]]:
+    api.settle()
     response = client.get(
         AUDIT,
         headers=api.admin_headers,
@@ -155,8 +161,12 @@ async def test_gpu_added_missing_kept_returned_and_moved(
         assert put_inventory(client, node, 6, gpus=[moved, gpu(1, GPU_B)])["applied"] is True
         assert node_audit(client, api, node) == audit_before
 
-    # The outbox holds one CloudEvent per change, in order, on the node's subjects.
-    events = await outbox_events(database_url, node.node_id)
+    # The outbox holds one CloudEvent per change, in order, on the node's subjects; each
+    # accepted report has its own event, which the workers reconciled from.
+    everything = await outbox_events(database_url, node.node_id, accepted=True)
+    accepted = [envelope for suffix, envelope in everything if suffix == "inventory.accepted"]
+    assert [envelope["data"]["sequence"] for envelope in accepted] == [1, 2, 3, 4, 5, 6]
+    events = [(suffix, e) for suffix, e in everything if suffix != "inventory.accepted"]
     assert [suffix for suffix, _ in events] == [
         "enrolled",
         "gpu.added",
@@ -173,7 +183,12 @@ async def test_gpu_added_missing_kept_returned_and_moved(
         GPU_B,
         GPU_A,
     ]
+    # A GPU event carries the correlation id of the report it was reconciled from.
+    by_correlation = {envelope["correlationid"] for envelope in accepted}
+    assert len(by_correlation) == len(accepted)
     for suffix, envelope in gpu_events:
+        assert envelope["correlationid"] in by_correlation
+        assert envelope["actor"] == f"node:{node.node_id}"
         assert envelope["type"] == f"io.modelforge.node.{suffix}.v1"
         assert envelope["subject"] == f"modelforge.v1.node.{node.node_id}.{suffix}"
         assert envelope["nodeid"] == node.node_id

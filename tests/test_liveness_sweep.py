@@ -39,6 +39,7 @@ def _api(api_factory: ApiFactory) -> RunningApi:
 
 
 def _transitions(api: RunningApi, node_id: str) -> list[tuple[str, str, str]]:
+    api.settle()
     with api.client() as client:
         rows = client.get(
             AUDIT,

@@ -252,6 +252,7 @@ def ordering_machine(api: RunningApi, client: httpx.Client) -> type[RuleBasedSta
         # -- the comparison -------------------------------------------------------
 
         def check(self) -> None:
+            api.settle()
             response = client.get(f"{NODES}/{self.node_id}", headers=api.admin_headers)
             assert response.status_code == 200, response.text
             detail = response.json()

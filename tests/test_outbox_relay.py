@@ -37,16 +37,24 @@ from schemas.events import EVENT_SOURCE, CloudEvent, EventType
 from stack.embedded_nats import EmbeddedNats
 from store.engine import make_engine, make_sessionmaker
 from store.notify import OUTBOX_CHANNEL, listening
-from tests.api_server import RunningApi
+from tests.api_server import ApiFactory, RunningApi
 from tests.flows import ENROLL, HEARTBEAT, INVENTORY, TOKENS, enroll_body, gpu, heartbeat_body
 from tests.flows import inventory_body as flows_inventory_body
+from tests.pipeline import reconcile_now
 from tests.services import db_fetch
 from workers.relay import OutboxRelay, connect_nats
 
 ROOT = Path(__file__).resolve().parent.parent
 # Events one node_story() produces: token.created, node.enrolled, 2 x gpu.added,
 # node.agent.changed, node.updated, gpu.changed, gpu.missing, gpu.returned.
-EVENTS_PER_STORY = 10
+# 10 changes, and 3 node.inventory.accepted.
+EVENTS_PER_STORY = 13
+
+
+@pytest.fixture
+def api(api_factory: ApiFactory) -> RunningApi:
+    """Without the test pipeline: these tests run the relay themselves."""
+    return api_factory(pipeline=False)
 
 
 # --- database and stream ---------------------------------------------------------------
@@ -182,6 +190,9 @@ async def node_story(client: httpx.AsyncClient, api: RunningApi, name: str) -> s
     for method, path, body in steps:
         response = await client.request(method, path, json=body, headers=auth)
         assert response.status_code == 200, response.text
+        if path == INVENTORY:
+            # No workers here: reconcile as the consumer would, before the next step.
+            await reconcile_now(api.settings.database_url, node_id)
     return node_id
 
 

@@ -54,8 +54,12 @@ def test_readyz_reports_a_relay_that_does_not_keep_up(
     api_factory: ApiFactory, nats_server: EmbeddedNats
 ) -> None:
     # No worker runs here, so nothing relays the outbox: each token's event stays unsent.
+    # No workers at all: nothing relays, so the backlog grows.
     api = api_factory(
-        nats_url=nats_server.url, ready_outbox_lag_max_s=0.5, ready_outbox_backlog_max=2
+        nats_url=nats_server.url,
+        ready_outbox_lag_max_s=0.5,
+        ready_outbox_backlog_max=2,
+        pipeline=False,
     )
     with api.client() as client:
         response = client.post(TOKENS, json={}, headers=api.admin_headers)

@@ -3,76 +3,20 @@
 from __future__ import annotations
 
 import collections
-import os
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import dramatiq
 import pytest
 
-from agent.processes import start_process, stop_process
 from broker.jetstream import BrokerSettings, build_broker
 from schemas.protocol import AUDIT, DEAD_LETTERS
 from stack.embedded_nats import EmbeddedNats
-from tests.api_server import PRESENCE_GAP_S, ApiFactory, RunningApi
+from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
-
-STALE_S = 2.0
-OFFLINE_S = 4.0
-
-
-def _env(database_url: str, nats_url: str, namespace: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "MODELFORGE_DATABASE_URL": database_url,
-        "MODELFORGE_NATS_URL": nats_url,
-        "MODELFORGE_NAMESPACE": namespace,
-        "MODELFORGE_STALE_AFTER_S": str(STALE_S),
-        "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
-        "MODELFORGE_SWEEP_PERIOD_S": "0.2",
-        "MODELFORGE_ACK_WAIT_S": "3",
-        "MODELFORGE_METRICS_PORT": "0",
-        "MODELFORGE_LOG_LEVEL": "INFO",
-        # These tests silence the whole fleet on purpose; with the partition breaker
-        # armed that would (rightly) hold every offline transition. It has its own
-        # tests (tests/test_fleet_safety.py).
-        "MODELFORGE_PARTITION_MIN_NODES": "1000000",
-        "MODELFORGE_PRESENCE_GAP_S": str(PRESENCE_GAP_S),
-    }
-
-
-class Workers:
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, count: int) -> None:
-        for _ in range(count):
-            log = self.log_dir / f"worker-{len(self.procs)}.log"
-            argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "2"]
-            self.procs.append(start_process(argv, env=self.env, log_path=log))
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text() for p in sorted(self.log_dir.glob("worker-*.log")))
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            stop_process(proc, timeout_s=40)
-
-
-@pytest.fixture
-def workers(database_url: str, nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(_env(database_url, nats_server.url, f"t{uuid.uuid4().hex[:8]}"), tmp_path)
-    yield running
-    running.stop_all()
+from tests.worker_processes import OFFLINE_S, STALE_S, Workers
 
 
 def _api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
@@ -81,6 +25,8 @@ def _api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
         offline_after_s=OFFLINE_S,
         nats_url=workers.env["MODELFORGE_NATS_URL"],
         broker_namespace=workers.env["MODELFORGE_NAMESPACE"],
+        # The worker processes under test relay and audit; no second pipeline.
+        pipeline=False,
     )
 
 
@@ -151,7 +97,7 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
     # Sweep rows name the broker message that caused them.
     with api.client() as client:
         system = client.get(
-            AUDIT, params={"actor": "system", "limit": 5}, headers=api.admin_headers
+            AUDIT, params={"actor": "worker:liveness", "limit": 5}, headers=api.admin_headers
         ).json()["items"]
     assert system and all(r["correlation_id"].startswith("liveness_sweep-") for r in system)
 

@@ -1,8 +1,9 @@
 """`modelforge worker`: dramatiq workers on JetStream, as many processes as asked.
 
 One process: build the broker (ordered middleware in broker/jetstream/factory.py), open
-the shared database on the actors' loop, declare the actors, start the relay, the
-liveness ticker and the metrics endpoint, then run until SIGTERM/SIGINT and drain:
+the shared database on the actors' loop, declare the actors, start the event pipeline
+(relay, audit and reconcile consumers), the periodic ticker and the metrics endpoint,
+then run until SIGTERM/SIGINT and drain:
 in-flight actors finish and are acked, prefetched messages go back to the stream.
 
 Several processes: a supervisor starts that many children and restarts one that dies,
@@ -26,7 +27,8 @@ from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds, presence_gap
 from workers.actors import Actors, declare_actors
 from workers.database import database_resource
-from workers.relay_middleware import OutboxRelayMiddleware
+from workers.pipeline import PipelineSettings
+from workers.services import PipelineMiddleware
 from workers.settings import WorkerSettings
 from workers.ticker import Periodic, PeriodicTicker
 
@@ -54,15 +56,17 @@ def run_worker_process(
         resources=[database],
         client_name=f"modelforge-worker-{os.getpid()}",
     )
-    if settings.run_relay:
-        broker.add_middleware(
-            OutboxRelayMiddleware(
-                database,
-                settings.nats_url,
-                batch_size=settings.relay_batch_size,
-                poll_interval_s=settings.relay_poll_interval_s,
-            )
-        )
+    pipeline = PipelineSettings(
+        settings.nats_url,
+        relay=settings.run_relay,
+        consumers=settings.run_consumers,
+        relay_batch_size=settings.relay_batch_size,
+        relay_poll_interval_s=settings.relay_poll_interval_s,
+        consumer_batch_size=settings.consumer_batch_size,
+        consumer_ack_wait_s=settings.consumer_ack_wait_s,
+    )
+    if pipeline.relay or pipeline.consumers:
+        broker.add_middleware(PipelineMiddleware(database, pipeline))
     thresholds = LivenessThresholds(
         settings.stale_after_s,
         settings.offline_after_s,

@@ -43,3 +43,8 @@ class WorkerSettings(RelaySettings):
     metrics_host: str = "127.0.0.1"
     # False: this worker runs actors only (e.g. scale the relay separately).
     run_relay: bool = True
+    # The audit and reconcile consumers of the event stream (workers/pipeline.py).
+    run_consumers: bool = True
+    consumer_batch_size: int = Field(default=200, gt=0)
+    # An event a worker took and did not ack (it died) goes to another one after this.
+    consumer_ack_wait_s: float = Field(default=30.0, gt=0)

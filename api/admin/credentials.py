@@ -9,8 +9,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api import security
 from api.admin.nodes import lock_node, require_not_terminal
 from schemas.admin import CredentialRevoked, CredentialRotated
-from schemas.events import CredentialRevokedEvent, CredentialRotatedEvent, EventType
-from store import audit, nodes, outbox
+from schemas.events import (
+    OPERATOR_ACTOR,
+    CredentialRevokedEvent,
+    CredentialRotatedEvent,
+    EventType,
+)
+from store import changes, nodes
 from store.models import NodeCredential
 
 
@@ -21,22 +26,11 @@ async def revoke_credentials(session: AsyncSession, node_id: uuid.UUID) -> Crede
         session, node.id, "revoked", await nodes.now(session)
     )
     if revoked:
-        audit.record(
-            session,
-            actor=audit.OPERATOR,
-            action="node.credential.revoked",
-            target_type="node",
-            target_id=node.id,
-            details={"credential_ids": [str(c) for c in revoked]},
-        )
-        outbox.emit(
+        changes.record(
             session,
             EventType.NODE_CREDENTIAL_REVOKED,
-            target_id=node.id,
-            node_id=node.id,
-            payload=CredentialRevokedEvent(
-                node_id=node.id, credential_ids=revoked, reason="revoked"
-            ),
+            CredentialRevokedEvent(node_id=node.id, credential_ids=revoked, reason="revoked"),
+            actor=OPERATOR_ACTOR,
         )
     return CredentialRevoked(node_id=node.id, revoked_credential_ids=revoked)
 
@@ -51,22 +45,13 @@ async def rotate_credential(session: AsyncSession, node_id: uuid.UUID) -> Creden
     )
     issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
     session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
-    audit.record(
-        session,
-        actor=audit.OPERATOR,
-        action="node.credential.rotated",
-        target_type="node",
-        target_id=node.id,
-        details={"credential_id": str(issued.id), "revoked": [str(c) for c in revoked]},
-    )
-    outbox.emit(
+    changes.record(
         session,
         EventType.NODE_CREDENTIAL_ROTATED,
-        target_id=node.id,
-        node_id=node.id,
-        payload=CredentialRotatedEvent(
+        CredentialRotatedEvent(
             node_id=node.id, credential_id=issued.id, revoked_credential_ids=revoked
         ),
+        actor=OPERATOR_ACTOR,
     )
     return CredentialRotated(
         node_id=node.id,

@@ -11,8 +11,8 @@ from api.admin.nodes import lock_node, require_not_terminal
 from api.errors import Conflict, NotFound
 from schemas.admin import DecommissionPreview, DecommissionRequest, DecommissionResult, Liveness
 from schemas.errors import ErrorCode
-from schemas.events import EventType, NodeDecommissioned
-from store import audit, nodes, outbox
+from schemas.events import OPERATOR_ACTOR, EventType, NodeDecommissioned
+from store import changes, nodes
 from store.liveness import LivenessThresholds, liveness_expression
 from store.models import EnrollmentToken, Gpu, Node, NodeCredential
 
@@ -84,26 +84,16 @@ async def execute(
     node.decommissioned_at = now
     node.decommission_reason = request.reason
     node.updated_at = now
-    audit.record(
-        session,
-        actor=audit.OPERATOR,
-        action="node.decommissioned",
-        target_type="node",
-        target_id=node.id,
-        details={
-            "reason": request.reason,
-            "revoked_credential_ids": [str(c) for c in revoked],
-            "revoked_enrollment_token_ids": [str(t) for t in tokens],
-        },
-    )
-    outbox.emit(
+    changes.record(
         session,
         EventType.NODE_DECOMMISSIONED,
-        target_id=node.id,
-        node_id=node.id,
-        payload=NodeDecommissioned(
-            node_id=node.id, reason=request.reason, revoked_credential_ids=revoked
+        NodeDecommissioned(
+            node_id=node.id,
+            reason=request.reason,
+            revoked_credential_ids=revoked,
+            revoked_enrollment_token_ids=list(tokens),
         ),
+        actor=OPERATOR_ACTOR,
     )
     return DecommissionResult(
         node_id=node.id,

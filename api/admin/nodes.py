@@ -12,8 +12,8 @@ from api.admin.views import node_detail, node_summary
 from api.errors import Conflict, NotFound
 from schemas.admin import Liveness, NodeDetail, NodePatch, NodeSummary
 from schemas.errors import ErrorCode
-from schemas.events import EventType, NodeEnablementChanged, NodeUpdated
-from store import audit, nodes, outbox
+from schemas.events import OPERATOR_ACTOR, EventType, NodeEnablementChanged, NodeUpdated
+from store import changes, nodes
 from store.liveness import LivenessThresholds, liveness_expression
 from store.models import Gpu, Node, NodeCredential, NodeStream
 
@@ -101,48 +101,31 @@ async def patch_node(
 ) -> NodeDetail:
     node = await lock_node(session, node_id)
     require_not_terminal(node)
-    changes: dict[str, Any] = {}
+    changed: dict[str, Any] = {}
     if patch.display_name is not None and patch.display_name != node.display_name:
-        changes["display_name"] = [node.display_name, patch.display_name]
+        changed["display_name"] = [node.display_name, patch.display_name]
         node.display_name = patch.display_name
     if patch.labels is not None and dict(patch.labels) != node.labels:
-        changes["labels"] = [node.labels, dict(patch.labels)]
+        changed["labels"] = [node.labels, dict(patch.labels)]
         node.labels = dict(patch.labels)
     enablement = patch.enabled is not None and patch.enabled != node.enabled
-    if changes:
-        audit.record(
-            session,
-            actor=audit.OPERATOR,
-            action="node.updated",
-            target_type="node",
-            target_id=node.id,
-            details={"changes": changes},
-        )
-        outbox.emit(
+    if changed:
+        changes.record(
             session,
             EventType.NODE_UPDATED,
-            target_id=node.id,
-            node_id=node.id,
-            payload=NodeUpdated(node_id=node.id, changes=changes),
+            NodeUpdated(node_id=node.id, changes=changed),
+            actor=OPERATOR_ACTOR,
         )
     if enablement:
         assert patch.enabled is not None
         node.enabled = patch.enabled
         kind = EventType.NODE_ENABLED if patch.enabled else EventType.NODE_DISABLED
-        audit.record(
-            session,
-            actor=audit.OPERATOR,
-            action=kind.value,
-            target_type="node",
-            target_id=node.id,
-        )
-        outbox.emit(
+        changes.record(
             session,
             kind,
-            target_id=node.id,
-            node_id=node.id,
-            payload=NodeEnablementChanged(node_id=node.id, enabled=patch.enabled),
+            NodeEnablementChanged(node_id=node.id, enabled=patch.enabled),
+            actor=OPERATOR_ACTOR,
         )
-    if changes or enablement:
+    if changed or enablement:
         await session.flush()
     return await get_node(session, thresholds, node_id)

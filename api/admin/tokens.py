@@ -17,8 +17,8 @@ from schemas.admin import (
     TokenState,
 )
 from schemas.errors import ErrorCode
-from schemas.events import EventType, TokenCreated, TokenRevoked
-from store import audit, nodes, outbox
+from schemas.events import OPERATOR_ACTOR, EventType, TokenCreated, TokenRevoked
+from store import changes, nodes
 from store.models import EnrollmentToken, Node
 
 
@@ -70,28 +70,16 @@ async def create_token(
         node_id=body.node_id,
     )
     session.add(token)
-    audit.record(
-        session,
-        actor=audit.OPERATOR,
-        action="token.created",
-        target_type="enrollment_token",
-        target_id=token.id,
-        details={
-            "expires_at": token.expires_at.isoformat() if token.expires_at else None,
-            "node_id": str(body.node_id) if body.node_id else None,
-        },
-    )
-    outbox.emit(
+    changes.record(
         session,
         EventType.TOKEN_CREATED,
-        target_id=token.id,
-        node_id=body.node_id,
-        payload=TokenCreated(
+        TokenCreated(
             token_id=token.id,
             expires_at=token.expires_at,
             labels=token.labels,
             node_id=body.node_id,
         ),
+        actor=OPERATOR_ACTOR,
     )
     return EnrollmentTokenCreated(token=token_info(token, now), secret=issued.wire)
 
@@ -128,19 +116,10 @@ async def revoke_token(
         raise Conflict("the token was already used", code=ErrorCode.STATE_CONFLICT)
     if token.revoked_at is None:
         token.revoked_at = now
-        audit.record(
-            session,
-            actor=audit.OPERATOR,
-            action="token.revoked",
-            target_type="enrollment_token",
-            target_id=token.id,
-            details={"reason": reason},
-        )
-        outbox.emit(
+        changes.record(
             session,
             EventType.TOKEN_REVOKED,
-            target_id=token.id,
-            node_id=token.node_id,
-            payload=TokenRevoked(token_id=token.id, reason=reason),
+            TokenRevoked(token_id=token.id, reason=reason),
+            actor=OPERATOR_ACTOR,
         )
     return token_info(token, now)

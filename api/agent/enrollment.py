@@ -12,8 +12,8 @@ from api.agent.protocol import require_supported
 from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
-from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled
-from store import audit, nodes, outbox
+from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node_actor
+from store import changes, nodes
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
 STREAMS = ("inventory", "telemetry")
@@ -55,14 +55,13 @@ async def _rebind(
         raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
     revoked = await nodes.revoke_active_credentials(session, node.id, "re-enrolled", now)
     if revoked:
-        outbox.emit(
+        changes.record(
             session,
             EventType.NODE_CREDENTIAL_REVOKED,
-            target_id=node.id,
-            node_id=node.id,
-            payload=CredentialRevokedEvent(
+            CredentialRevokedEvent(
                 node_id=node.id, credential_ids=list(revoked), reason="re-enrolled"
             ),
+            actor=node_actor(node.id),
         )
     node.hostname = request.hostname
     node.agent_version = request.agent_version
@@ -109,20 +108,10 @@ async def enroll(
     token.used_by_node_id = node.id
     issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
     session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
-    audit.record(
-        session,
-        actor=audit.node_actor(node.id),
-        action="node.enrolled",
-        target_type="node",
-        target_id=node.id,
-        details={"token_id": str(token.id), "hostname": request.hostname, "rebound": rebound},
-    )
-    outbox.emit(
+    changes.record(
         session,
         EventType.NODE_ENROLLED,
-        target_id=node.id,
-        node_id=node.id,
-        payload=NodeEnrolled(
+        NodeEnrolled(
             node_id=node.id,
             hostname=node.hostname,
             agent_version=node.agent_version,
@@ -133,6 +122,7 @@ async def enroll(
             credential_id=issued.id,
             rebound=rebound,
         ),
+        actor=node_actor(node.id),
     )
     return EnrollResponse(
         node_id=node.id,

@@ -9,8 +9,8 @@ from api.agent.auth import AuthenticatedNode, serialize
 from api.agent.protocol import require_supported
 from schemas.admin import Liveness
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
-from schemas.events import EventType, NodeAgentChanged
-from store import audit, outbox
+from schemas.events import EventType, NodeAgentChanged, node_actor
+from store import changes
 from store.liveness import record_transition
 from store.models import Node
 
@@ -68,20 +68,8 @@ async def record_heartbeat(
             previous_agent_version=node.agent_version,
             previous_capabilities=list(node.capabilities),
         )
-        audit.record(
-            session,
-            actor=audit.node_actor(node.node_id),
-            action="node.agent.changed",
-            target_type="node",
-            target_id=node.node_id,
-            details=change.model_dump(mode="json", exclude={"node_id"}),
-        )
-        outbox.emit(
-            session,
-            EventType.NODE_AGENT_CHANGED,
-            target_id=node.node_id,
-            node_id=node.node_id,
-            payload=change,
+        changes.record(
+            session, EventType.NODE_AGENT_CHANGED, change, actor=node_actor(node.node_id)
         )
     return HeartbeatResponse(
         node_id=node.node_id,

@@ -1,4 +1,8 @@
-"""Inventory and telemetry ingest: cursor, last-good state and not-applied reasons."""
+"""Inventory and telemetry ingest: cursor, last-good state and not-applied reasons.
+
+An accepted inventory is stored for the workers to reconcile (store/inventory.py): the
+request decides ordering and answers; GPU events follow a few hundred ms later.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.agent.auth import AuthenticatedNode
-from api.agent.inventory import reconcile_gpus
 from api.agent.ordering import Decision, decide
 from api.errors import Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
-from schemas.events import EventType, StreamNotApplied
-from store import outbox
+from schemas.events import EventType, StreamNotApplied, node_actor
+from store import changes, inventory
 from store.models import NodeStream
 
 
@@ -63,12 +66,10 @@ async def _advance(
     assert decision.reason is not None
     if stream.not_applied_reason != decision.reason:
         # Once per episode, not per refused sample: a skewed clock must not flood the stream.
-        outbox.emit(
+        changes.record(
             session,
             EventType.NODE_STREAM_NOT_APPLIED,
-            target_id=node.node_id,
-            node_id=node.node_id,
-            payload=StreamNotApplied(
+            StreamNotApplied(
                 node_id=node.node_id,
                 stream=stream_name,
                 sequence=report.sequence,
@@ -76,6 +77,7 @@ async def _advance(
                 observed_at=report.observed_at,
                 received_at=node.received_at,
             ),
+            actor=node_actor(node.node_id),
         )
     stream.not_applied_reason = decision.reason.value
     stream.not_applied_sequence = report.sequence
@@ -108,7 +110,7 @@ async def ingest_inventory(
     payload = report.model_dump(mode="json", include={"complete", "host"})
     _, decision = await _advance(session, node, "inventory", report, payload, future_skew_limit_s)
     if decision.applied:
-        await reconcile_gpus(session, node, report)
+        inventory.accept(session, node.node_id, report, node.received_at)
     return _result(node, "inventory", report.sequence, decision)
 
 

@@ -21,6 +21,7 @@ from schemas.agent import EnrollRequest
 from tests.agent.harness import REPO, AgentProcess, clean_env, identity, wait_until, write_config
 from tests.api_server import OPERATOR_KEY, free_port
 from tests.flows import NODES, TOKENS
+from tests.pipeline import RunningPipeline
 
 StartAgent = Callable[..., AgentProcess]
 
@@ -45,7 +46,9 @@ def client_context(pki: Path, client: str) -> ssl.SSLContext:
 
 
 @pytest.fixture
-def tls_api(database_url: str, nats_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def tls_api(
+    database_url: str, nats_url: str, tmp_path: Path, pipeline: RunningPipeline
+) -> Iterator[tuple[str, Path]]:
     """(https base URL, PKI dir) of a real API process that requires client certificates."""
     pki = mint(tmp_path / "pki", "agent-1", "operator")
     port = free_port()
