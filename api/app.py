@@ -13,10 +13,12 @@ from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
+from api.heartbeat_buffer import heartbeat_buffer
 from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
+from api.node_cache import node_cache
 from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
@@ -38,16 +40,28 @@ def create_app(settings: ApiSettings) -> FastAPI:
         engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
         broker = BrokerLink(settings.nats_url)
         sessions = make_sessionmaker(engine)
-        app.state.modelforge = ApiState(
-            settings=settings, engine=engine, sessions=sessions, broker=broker, metrics=metrics
-        )
         try:
-            async with presence_beat(
-                sessions,
-                period_s=settings.beat_period_s,
-                gap_s=settings.gap_s,
-                listener=(settings.host, settings.port),
+            async with (
+                node_cache(settings.database_url) as cache,
+                heartbeat_buffer(
+                    sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
+                ) as heartbeats,
+                presence_beat(
+                    sessions,
+                    period_s=settings.beat_period_s,
+                    gap_s=settings.gap_s,
+                    listener=(settings.host, settings.port),
+                ),
             ):
+                app.state.modelforge = ApiState(
+                    settings=settings,
+                    engine=engine,
+                    sessions=sessions,
+                    broker=broker,
+                    metrics=metrics,
+                    node_cache=cache,
+                    heartbeats=heartbeats,
+                )
                 yield
         finally:
             await broker.close()

@@ -16,7 +16,8 @@ from fastapi import Depends, Header
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
-from api.agent.auth import AuthenticatedNode, authenticate_node
+from api.agent.auth import AuthenticatedNode, authenticate_node, presented_credential
+from api.agent.heartbeat import HeartbeatCall, heartbeat_transaction
 from api.errors import Forbidden, Unauthenticated
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
@@ -45,17 +46,22 @@ async def _node_transaction(
         yield NodeRequest(session=session, node=node, state=state)
 
 
-async def _heartbeat_transaction(
+async def _heartbeat_call(
     state: State, authorization: Annotated[str | None, Header()] = None
-) -> AsyncIterator[NodeRequest]:
-    # The hot path: no node lock up front; the heartbeat takes it only when it
-    # has an event to emit (api/agent/heartbeat.py).
-    async with state.sessions() as session, session.begin():
-        node = await authenticate_node(session, authorization, serialize=False)
-        yield NodeRequest(session=session, node=node, state=state)
+) -> AsyncIterator[HeartbeatCall]:
+    # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
+    # no node lock up front, taken only when there is an event to emit.
+    presented = presented_credential(authorization)
+    if presented is not None and state.settings.heartbeat_cache and state.heartbeats.ready:
+        cached = state.node_cache.lookup(presented)
+        if cached is not None:
+            yield HeartbeatCall(state, authorization, presented, cached=cached)
+            return
+    async with heartbeat_transaction(state, authorization, presented) as call:
+        yield call
 
 
-def require_operator(
+async def require_operator(
     state: State,
     x_modelforge_admin_token: Annotated[str | None, Header(alias=ADMIN_HEADER)] = None,
 ) -> None:
@@ -82,5 +88,5 @@ async def _admin_transaction(
 
 Transaction = Annotated[AsyncSession, Depends(_transaction, scope="function")]
 NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="function")]
-HeartbeatTransaction = Annotated[NodeRequest, Depends(_heartbeat_transaction, scope="function")]
+HeartbeatContext = Annotated[HeartbeatCall, Depends(_heartbeat_call, scope="function")]
 AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]

@@ -14,7 +14,7 @@ from starlette.routing import compile_path
 from starlette.types import ExceptionHandler
 
 from api.errors import ApiError
-from api.state import get_state
+from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from store.correlation import current_correlation_id
 
@@ -34,7 +34,7 @@ def _respond(status: int, body: ErrorBody, headers: dict[str, str] | None = None
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     if exc.status_code in (401, 403):
-        get_state(request).metrics.auth_failures.labels(exc.code.value).inc()
+        state_of(request).metrics.auth_failures.labels(exc.code.value).inc()
     body = ErrorBody(
         code=exc.code,
         message=exc.message,

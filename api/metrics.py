@@ -4,7 +4,7 @@ One registry per app (built in create_app, reached through ApiState): no module-
 collectors, so two apps in one process (tests) never share counters.
 
 * requests by route template, method and status, and their latency;
-* heartbeats accepted;
+* heartbeats accepted, by path (routine or transactional), and group-committed ones;
 * ingest decisions per stream: applied, not applied (the reason), replay;
 * authentication refusals by error code.
 
@@ -46,7 +46,15 @@ class ApiMetrics:
             registry=self.registry,
         )
         self.heartbeats = Counter(
-            "modelforge_heartbeats", "Heartbeats accepted", registry=self.registry
+            "modelforge_heartbeats",
+            "Heartbeats accepted, by path: routine (cached, group-committed) or transactional",
+            ["path"],
+            registry=self.registry,
+        )
+        self.heartbeats_flushed = Counter(
+            "modelforge_heartbeat_timestamps_flushed",
+            "Routine heartbeat timestamps written by the group commit",
+            registry=self.registry,
         )
         self.ingest = Counter(
             "modelforge_ingest_decisions",

@@ -40,6 +40,13 @@ class ApiSettings(BaseSettings):
     # connection and it is always the client that closes an idle one.
     keep_alive_s: float = Field(default=30.0, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
+    # Routine heartbeats skip the database (api/node_cache.py, api/heartbeat_buffer.py):
+    # their timestamps are written together every heartbeat_flush_interval_s (None:
+    # 0.25 s, at most a tenth of STALE_AFTER_S; at most a quarter of it if set). A crash
+    # loses at most that interval of timestamps. False: every heartbeat is one
+    # transaction (the path before the cache; kept for comparison and diagnosis).
+    heartbeat_cache: bool = True
+    heartbeat_flush_interval_s: float | None = Field(default=None, gt=0)
     log_level: str = "INFO"
     # /readyz answers 503 when the relay is this far behind (events stall: no worker
     # runs, or NATS refuses them).
@@ -59,9 +66,25 @@ class ApiSettings(BaseSettings):
         return presence_gap(self.presence_gap_s, self.stale_after_s)
 
     @property
+    def heartbeat_flush_s(self) -> float:
+        if self.heartbeat_flush_interval_s is not None:
+            return self.heartbeat_flush_interval_s
+        return min(0.25, self.stale_after_s / 10)
+
+    @property
     def beat_period_s(self) -> float:
         # At least two beats per gap, so one late beat is not an outage.
         return min(self.presence_period_s, self.gap_s / 2)
+
+    @model_validator(mode="after")
+    def _flush_well_inside_stale(self) -> ApiSettings:
+        flush = self.heartbeat_flush_interval_s
+        if flush is not None and flush > self.stale_after_s / 4:
+            raise ValueError(
+                "MODELFORGE_HEARTBEAT_FLUSH_INTERVAL_S must be at most a quarter of"
+                " MODELFORGE_STALE_AFTER_S: a crash loses that much heartbeat time"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_complete(self) -> ApiSettings:

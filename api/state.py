@@ -8,7 +8,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
 from api.broker_link import BrokerLink
+from api.heartbeat_buffer import HeartbeatBuffer
 from api.metrics import ApiMetrics
+from api.node_cache import NodeCache
 from api.settings import ApiSettings
 from broker.jetstream.names import Names
 from store.liveness import LivenessThresholds
@@ -21,6 +23,8 @@ class ApiState:
     sessions: async_sessionmaker[AsyncSession]
     broker: BrokerLink
     metrics: ApiMetrics
+    node_cache: NodeCache
+    heartbeats: HeartbeatBuffer
 
     @property
     def broker_names(self) -> Names:
@@ -36,6 +40,12 @@ class ApiState:
         )
 
 
-def get_state(request: Request) -> ApiState:
+def state_of(request: Request) -> ApiState:
     state: ApiState = request.app.state.modelforge
     return state
+
+
+async def get_state(request: Request) -> ApiState:
+    """The dependency. async, though it awaits nothing: FastAPI runs a plain-def
+    dependency in a worker thread, a thread hop on every request."""
+    return state_of(request)

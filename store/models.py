@@ -166,6 +166,8 @@ class AuditEntry(Base):
     event_id: Mapped[uuid.UUID | None] = mapped_column(unique=True)
     # When the change happened (the event's time), not when the row was written.
     at: Mapped[datetime] = mapped_column(server_default=func.now())
+    # When the audit consumer wrote it: recorded_at - at is the log's lag.
+    recorded_at: Mapped[datetime] = mapped_column(server_default=func.now())
     actor: Mapped[str] = mapped_column(String(100))
     action: Mapped[str] = mapped_column(String(100))
     target_type: Mapped[str] = mapped_column(String(50))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
@@ -19,42 +20,57 @@ from sqlalchemy.engine import make_url
 logger = logging.getLogger("modelforge.notify")
 
 OUTBOX_CHANNEL: Final = "modelforge_outbox"
+# Payload: a node id, whenever something an API caches about the node changed
+# (credentials, enabled, decommissioned, recorded liveness, agent facts): migration 0006.
+NODE_CHANGES_CHANNEL: Final = "modelforge_node_changes"
 
 
 def _dsn(database_url: str) -> str:
     return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+@dataclass(frozen=True)
+class Listener:
+    """What a LISTEN connection reports: each notification's payload, and whether it is
+    listening at all (a user that relies on not missing one must know when it might)."""
+
+    on_payload: Callable[[str], None]
+    on_connected: Callable[[bool], None] = lambda _: None
+
+
 async def _serve_one_connection(
-    dsn: str, channel: str, wake: asyncio.Event, stop: asyncio.Event
+    dsn: str, channel: str, listener: Listener, stop: asyncio.Event
 ) -> None:
     """Listen on one connection until stop is set or the connection drops."""
     connection: Any = await asyncpg.connect(dsn, timeout=5)
     try:
         closed = asyncio.Event()
         connection.add_termination_listener(lambda *_: closed.set())
-        await connection.add_listener(channel, lambda *_: wake.set())
-        wake.set()  # anything committed while nobody listened: look once
+        await connection.add_listener(channel, lambda *args: listener.on_payload(args[-1]))
+        listener.on_connected(True)
         stopping = asyncio.ensure_future(stop.wait())
         dropped = asyncio.ensure_future(closed.wait())
         await asyncio.wait({stopping, dropped}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         dropped.cancel()
     finally:
+        listener.on_connected(False)
         with contextlib.suppress(Exception):
             await connection.close(timeout=2)
 
 
-async def _listen(dsn: str, channel: str, wake: asyncio.Event, stop: asyncio.Event) -> None:
+async def listen(database_url: str, channel: str, listener: Listener, stop: asyncio.Event) -> None:
+    """LISTEN until stop is set, reconnecting with backoff whenever the connection drops."""
+    dsn = _dsn(database_url)
     failures = 0
     while not stop.is_set():
         try:
-            await _serve_one_connection(dsn, channel, wake, stop)
+            await _serve_one_connection(dsn, channel, listener, stop)
             failures = 0
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             failures += 1
             if failures == 1:
-                logger.warning("LISTEN %s failed (%s); polling until it is back", channel, exc)
+                logger.warning("LISTEN %s failed (%s); retrying until it is back", channel, exc)
         if not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(0.2 * 2**failures, 5.0))
@@ -62,9 +78,16 @@ async def _listen(dsn: str, channel: str, wake: asyncio.Event, stop: asyncio.Eve
 
 @contextlib.asynccontextmanager
 async def listening(database_url: str, channel: str) -> AsyncIterator[asyncio.Event]:
-    """An event set whenever the channel is notified (and after every reconnect)."""
+    """An event set whenever the channel is notified, and after every (re)connect:
+    anything committed while nobody listened is looked at once."""
     wake, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(_listen(_dsn(database_url), channel, wake, stop))
+
+    def connected(up: bool) -> None:
+        if up:
+            wake.set()
+
+    listener = Listener(on_payload=lambda _: wake.set(), on_connected=connected)
+    task = asyncio.create_task(listen(database_url, channel, listener, stop))
     try:
         yield wake
     finally:

@@ -49,6 +49,17 @@ def bearer_value(authorization: str | None) -> str:
     return value.strip()
 
 
+def presented_credential(authorization: str | None) -> security.PresentedSecret | None:
+    """The credential in an Authorization header, or None for anything else (the
+    database path then gives the typed refusal)."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return security.parse(security.NODE_CREDENTIAL_PREFIX, value.strip())
+
+
 async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None:
     # A credential's node never changes, so reading it before the lock is safe.
     await session.execute(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from api.agent.enrollment import enroll
-from api.agent.heartbeat import record_heartbeat
+from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
-from api.deps import HeartbeatTransaction, NodeTransaction, State, Transaction
+from api.deps import HeartbeatContext, NodeTransaction, State, Transaction
 from api.errors import error_responses
 from api.metrics import counted_ingest
 from schemas.agent import (
@@ -37,15 +37,8 @@ async def enroll_node(body: EnrollRequest, session: Transaction, state: State) -
 
 
 @router.post(HEARTBEAT, responses=NODE_ROUTE)
-async def heartbeat(body: HeartbeatRequest, request: HeartbeatTransaction) -> HeartbeatResponse:
-    answer = await record_heartbeat(
-        request.session,
-        request.node,
-        body,
-        heartbeat_interval_s=request.state.settings.heartbeat_interval_s,
-    )
-    request.state.metrics.heartbeats.inc()
-    return answer
+async def heartbeat(body: HeartbeatRequest, call: HeartbeatContext) -> HeartbeatResponse:
+    return await handle_heartbeat(call, body)
 
 
 @router.put(INVENTORY, responses=NODE_ROUTE)

@@ -284,6 +284,22 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                 if use_wrk
                 else None
             )
+        # The same API with every heartbeat a transaction (the path before the node
+        # cache and the group commit), under wrk: what the cache buys, in this run.
+        wrk_transactional = None
+        if use_wrk:
+            plain_env = api_env | {"MODELFORGE_HEARTBEAT_CACHE": "false"}
+            with child([sys.executable, "-m", "cli.main", "api"], plain_env, api_log) as api:
+                wait_healthy("the API", api_url, api, api_log)
+                wrk_transactional = wrk_load.run(
+                    "heartbeat, no cache",
+                    api_url,
+                    HEARTBEAT,
+                    [(n.credential, heartbeat(n)) for n in nodes],
+                    duration_s=args.duration,
+                    connections=args.concurrency,
+                    workdir=workdir,
+                )
         noop_port = free_port()
         noop_url = f"http://127.0.0.1:{noop_port}"
         noop_log = workdir / "noop.log"
@@ -327,6 +343,8 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         return
     print(f"\nthe same with wrk ({args.concurrency} connections, 2 threads):")
     print(wrk_beats.line())
+    if wrk_transactional is not None:
+        print(wrk_transactional.line())
     print(wrk_baseline.line())
     print(
         f"\nheartbeat / no-op (wrk): throughput "
@@ -334,6 +352,12 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         f" p50 {wrk_beats.p50_s / wrk_baseline.p50_s:.2f}x,"
         f" p99 {wrk_beats.p99_s / wrk_baseline.p99_s:.2f}x"
     )
+    if wrk_transactional is not None:
+        print(
+            f"heartbeat without the node cache / no-op (wrk): throughput "
+            f"{wrk_transactional.throughput / wrk_baseline.throughput:.2f}x,"
+            f" p99 {wrk_transactional.p99_s / wrk_baseline.p99_s:.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,12 @@ Starts embedded PostgreSQL and nats-server, the API and `modelforge worker` proc
 * Delay: nodes heartbeat once and stop; for each, how long after its offline threshold
   (server-received heartbeat time + offline_after_s) the offline event reached the
   consumer. Bounded by the sweep period plus relay polling.
+* Audit lag: commit of a change (its outbox row) -> its audit row written by the audit
+  consumer (audit_log.recorded_at), p50/p99 over the throughput rounds' events.
+* Reconcile: every node sends one inventory report at once (new GPUs each round); the
+  clock runs until every report is reconciled and every resulting event is audited
+  (route + outbox + relay + reconcile consumer + audit consumer). Events/s counts the
+  accepted reports and the GPU events they caused.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -37,6 +43,8 @@ from nats.js.api import DeliverPolicy
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database, enrollment)
+
+from schemas.protocol import INVENTORY  # noqa: E402
 
 STALE_S = 5.0
 OFFLINE_S = 10.0
@@ -109,6 +117,78 @@ async def throughput(api_url: str, nats_url: str, dsn: str, nodes: list[hb.Node]
     return len(want) / (max(arrived.values()) - started)
 
 
+BACKLOG = (
+    "SELECT (SELECT count(*) FROM inventory_observations) + (SELECT count(*) FROM outbox o"
+    " WHERE o.envelope->>'action' NOT IN ('node.inventory.accepted', 'node.stream.not_applied')"
+    " AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.event_id = o.id))"
+)
+
+
+async def audit_lags(dsn: str, since: float) -> list[float]:
+    """Seconds from outbox insert to audit row, for events committed after `since`."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = await connection.fetch(
+            "SELECT EXTRACT(EPOCH FROM a.recorded_at - o.created_at) AS lag FROM audit_log a"
+            " JOIN outbox o ON o.id = a.event_id WHERE o.created_at >= to_timestamp($1)",
+            since,
+        )
+    finally:
+        await connection.close()
+    return [float(row["lag"]) for row in rows]
+
+
+async def reconcile_round(api_url: str, dsn: str, nodes: list[hb.Node], round_: int) -> float:
+    """Events/s from the first report sent to the last event audited."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        before = await connection.fetchval("SELECT count(*) FROM outbox")
+        started = time.monotonic()
+        async with hb.async_client(api_url, 16) as client:
+            gate = asyncio.Semaphore(16)
+
+            async def report(node: hb.Node) -> None:
+                body = {
+                    "node_id": node.node_id,
+                    "sequence": round_,
+                    "observed_at": datetime.now(UTC).isoformat(),
+                    "complete": True,
+                    "host": {
+                        "hostname": "bench",
+                        "os": "Linux",
+                        "cpu_count": 8,
+                        "ram_total_bytes": 2**36,
+                    },
+                    "gpus": [
+                        {
+                            "index": 0,
+                            "uuid": f"GPU-{node.node_id}-{round_}",
+                            "name": "Bench",
+                            "pci_bus_id": "00000000:01:00.0",
+                            "memory_total_bytes": 2**34,
+                            "driver_version": "550",
+                            "cuda_version": "12.4",
+                        }
+                    ],
+                }
+                auth = {"Authorization": f"Bearer {node.credential}"}
+                async with gate:
+                    response = await client.put(INVENTORY, json=body, headers=auth)
+                response.raise_for_status()
+
+            await asyncio.gather(*(report(n) for n in nodes))
+        deadline = time.monotonic() + 120
+        while await connection.fetchval(BACKLOG):
+            if time.monotonic() > deadline:
+                raise RuntimeError("reconciliation did not catch up in 120 s")
+            await asyncio.sleep(0.02)
+        elapsed = time.monotonic() - started
+        events = await connection.fetchval("SELECT count(*) FROM outbox") - before
+    finally:
+        await connection.close()
+    return float(events) / elapsed
+
+
 async def delays(api_url: str, nats_url: str, nodes: list[hb.Node]) -> list[float]:
     listening = asyncio.create_task(offline_events(nats_url, {n.node_id for n in nodes}, 60))
     await asyncio.sleep(0.5)
@@ -146,12 +226,23 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             hb.wait_healthy("the API", api_url, api, log)
             nodes = asyncio.run(hb.enroll_nodes(api_url, admin_key, args.nodes, 16))
             rates: dict[int, list[float]] = {}
+            reconciled: dict[int, list[float]] = {}
+            lags: dict[int, list[float]] = {}
+            round_ = 0
             for count in (1, 2):
                 with workers(count, common, workdir):
+                    since = time.time()
                     rates[count] = [
                         asyncio.run(throughput(api_url, js.url, dsn, nodes))
                         for _ in range(args.rounds)
                     ]
+                    lags[count] = asyncio.run(audit_lags(dsn, since))
+                    reconciled[count] = []
+                    for _ in range(args.rounds):
+                        round_ += 1
+                        reconciled[count].append(
+                            asyncio.run(reconcile_round(api_url, dsn, nodes, round_))
+                        )
                     if count == 1:
                         lag = asyncio.run(delays(api_url, js.url, nodes[:20]))
     one, two = statistics.median(rates[1]), statistics.median(rates[2])
@@ -160,6 +251,21 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         rounds = [round(r) for r in rates[count]]
         print(f"liveness events/s, {count} worker process(es): {rate:8.0f}  (rounds {rounds})")
     print(f"2 processes / 1 process: {two / one:.2f}x")
+    for count in (1, 2):
+        ordered = sorted(lags[count])
+        p50, p99 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)]
+        print(
+            f"commit -> audit row, {count} worker process(es), {len(ordered)} events:"
+            f" p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms"
+        )
+    r1, r2 = statistics.median(reconciled[1]), statistics.median(reconciled[2])
+    for count, rate in ((1, r1), (2, r2)):
+        rounds = [round(r) for r in reconciled[count]]
+        print(
+            f"inventory -> reconciled + audited, events/s, {count} worker process(es):"
+            f" {rate:8.0f}  (rounds {rounds})"
+        )
+    print(f"reconcile, 2 processes / 1 process: {r2 / r1:.2f}x")
     print(
         f"heartbeat stop -> offline event at a consumer, after the {OFFLINE_S:g} s threshold"
         f" (sweep period {SWEEP_PERIOD_S:g} s, {len(lag)} nodes):"

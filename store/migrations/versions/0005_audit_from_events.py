@@ -20,6 +20,13 @@ depends_on = None
 def upgrade() -> None:
     op.add_column("audit_log", sa.Column("event_id", UUID(as_uuid=True), nullable=True))
     op.create_unique_constraint("uq_audit_log_event_id", "audit_log", ["event_id"])
+    # When the consumer wrote the row: `recorded_at - at` is how far the log lagged.
+    op.add_column(
+        "audit_log",
+        sa.Column(
+            "recorded_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+    )
     # A GPU target is "<node_id>/<gpu uuid>": 37 + up to 128 characters.
     op.alter_column("audit_log", "target_id", type_=sa.String(200))
     op.create_table(
@@ -35,5 +42,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("inventory_observations")
     op.alter_column("audit_log", "target_id", type_=sa.String(100))
+    op.drop_column("audit_log", "recorded_at")
     op.drop_constraint("uq_audit_log_event_id", "audit_log", type_="unique")
     op.drop_column("audit_log", "event_id")

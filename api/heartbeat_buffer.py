@@ -1,0 +1,139 @@
+"""Group commit of routine heartbeats: `last_heartbeat_at` for many nodes in one UPDATE.
+
+A routine heartbeat (cached credential, node online, nothing new: api/agent/heartbeat.py)
+is only noted here, with the monotonic time it arrived, and answered. Every
+`flush_interval_s` one statement writes all of them, each as the database's own clock
+minus the time since it arrived, so liveness stays decided from server-received time on
+the database clock, whatever this host's clock says.
+
+What a crash costs: the heartbeats of the last interval not yet flushed. They can never
+turn into a false stale or offline as long as the interval is far below the stale
+threshold (enforced in settings): the node's previous heartbeat was flushed at most an
+interval plus its heartbeat period earlier, and its next one lands on whichever API
+answers it. A timestamp is never moved backwards (a heartbeat that took the
+transactional path meanwhile wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Final
+
+from prometheus_client import Counter
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, UUID
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+logger = logging.getLogger("modelforge.api.heartbeats")
+
+_FLUSH: Final = text(
+    """
+    WITH beats AS (
+        SELECT v.id, statement_timestamp() - make_interval(secs => v.age) AS at
+        FROM unnest(:ids, :ages) AS v(id, age)
+    ), written AS (
+        UPDATE nodes AS n SET last_heartbeat_at = beats.at
+        FROM beats
+        WHERE n.id = beats.id AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at < beats.at)
+        RETURNING 1
+    )
+    SELECT statement_timestamp() AS now, (SELECT count(*) FROM written) AS written
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(UUID(as_uuid=True))),
+    bindparam("ages", type_=ARRAY(DOUBLE_PRECISION())),
+)
+
+
+class HeartbeatBuffer:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        flush_interval_s: float,
+        flushed: Counter,
+    ) -> None:
+        self._sessions = sessions
+        self.flush_interval_s = flush_interval_s
+        self._pending: dict[uuid.UUID, float] = {}
+        # Database clock minus this host's wall clock, from the last database answer.
+        self._offset_s: float | None = None
+        self.flushed = flushed
+
+    @property
+    def ready(self) -> bool:
+        """True once the database clock is known: until then heartbeats take the
+        transactional path, which also teaches it."""
+        return self._offset_s is not None
+
+    def observe(self, database_now: datetime) -> None:
+        self._offset_s = database_now.timestamp() - time.time()
+
+    def database_now(self) -> datetime:
+        return datetime.fromtimestamp(time.time() + (self._offset_s or 0.0), tz=UTC)
+
+    def note(self, node_id: uuid.UUID) -> datetime:
+        """Record a routine heartbeat; its server-received time (database clock)."""
+        self._pending[node_id] = time.monotonic()
+        return self.database_now()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> int:
+        if not self._pending:
+            return 0
+        batch, self._pending = self._pending, {}
+        now = time.monotonic()
+        ids = list(batch)
+        ages = [max(0.0, now - batch[i]) for i in ids]
+        try:
+            async with self._sessions() as session, session.begin():
+                row = (await session.execute(_FLUSH, {"ids": ids, "ages": ages})).one()
+        except BaseException:
+            # Keep them for the next round, unless a newer heartbeat of the node came.
+            for node_id, at in batch.items():
+                self._pending.setdefault(node_id, at)
+            raise
+        self.observe(row.now)
+        self.flushed.inc(len(ids))
+        return int(row.written)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failing = False
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.flush_interval_s)
+            try:
+                await self.flush()
+                if failing:
+                    logger.info("heartbeat flushes succeed again")
+                failing = False
+            except (SQLAlchemyError, OSError) as exc:
+                if not failing:
+                    logger.warning("heartbeat flush failed (%s); retrying", type(exc).__name__)
+                failing = True
+
+
+@contextlib.asynccontextmanager
+async def heartbeat_buffer(
+    sessions: async_sessionmaker[AsyncSession], flush_interval_s: float, flushed: Counter
+) -> AsyncIterator[HeartbeatBuffer]:
+    """Flushing every interval for the lifespan; a last flush at shutdown."""
+    buffer = HeartbeatBuffer(sessions, flush_interval_s, flushed)
+    stop = asyncio.Event()
+    task = asyncio.create_task(buffer.run(stop))
+    try:
+        yield buffer
+    finally:
+        stop.set()
+        await task
+        with contextlib.suppress(SQLAlchemyError, OSError):
+            await buffer.flush()

@@ -1,0 +1,112 @@
+"""What an API process remembers about admitted nodes, so that a routine heartbeat needs
+no database read: the credential's digest and the node's agent facts, for online nodes.
+
+Correct only while it hears every change. Every change that could refuse a credential
+or make a heartbeat more than routine (revocation, rotation, disable, decommission, a
+recorded liveness change, new agent facts) NOTIFYs the node's id when it commits
+(migration 0006), and the entry is dropped: every API replica forgets it within
+milliseconds, so a revoked node is refused everywhere well inside a second. While the
+LISTEN connection is down the cache holds nothing and answers nothing, and it starts
+empty again once reconnected (notifications may have been missed meanwhile).
+
+A race to avoid: a request reads the node from the database, a revocation commits and
+its notification arrives, then the request stores what it read. Every notification bumps
+`generation`, and a read is stored only if no notification came since it began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from api import security
+from store.notify import NODE_CHANGES_CHANNEL, Listener, listen
+
+logger = logging.getLogger("modelforge.api.node_cache")
+
+
+@dataclass(frozen=True)
+class CachedNode:
+    node_id: uuid.UUID
+    credential_id: uuid.UUID
+    digest: bytes
+    agent_version: str
+    protocol_version: int
+    # Sorted, as heartbeats record them.
+    capabilities: tuple[str, ...]
+
+
+class NodeCache:
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._entries: dict[uuid.UUID, CachedNode] = {}
+        self._by_node: dict[uuid.UUID, set[uuid.UUID]] = {}
+        self._max_entries = max_entries
+        self.generation = 0
+        self.listening = False
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, presented: security.PresentedSecret) -> CachedNode | None:
+        """The entry when the presented secret matches it (constant time); otherwise None,
+        and the caller asks the database, which also gives every refusal."""
+        if not self.listening:
+            return None
+        entry = self._entries.get(presented.id)
+        if entry is None or not security.matches(presented.secret, entry.digest):
+            return None
+        return entry
+
+    def remember(self, entry: CachedNode, generation: int) -> None:
+        """Store what a read that began at `generation` found, unless something changed
+        since (see the module docstring)."""
+        if not self.listening or generation != self.generation:
+            return
+        if len(self._entries) >= self._max_entries and entry.credential_id not in self._entries:
+            return  # full: the rest take the database path, as before the cache
+        self._entries[entry.credential_id] = entry
+        self._by_node.setdefault(entry.node_id, set()).add(entry.credential_id)
+
+    def forget_node(self, node_id: uuid.UUID) -> None:
+        self.generation += 1
+        for credential_id in self._by_node.pop(node_id, ()):
+            self._entries.pop(credential_id, None)
+
+    def _on_payload(self, payload: str) -> None:
+        try:
+            node_id = uuid.UUID(payload)
+        except ValueError:
+            self._clear()
+            return
+        self.forget_node(node_id)
+
+    def _on_connected(self, up: bool) -> None:
+        self._clear()
+        self.listening = up
+        if not up and not self.closing:
+            logger.warning("node change notifications lost: the node cache is off until back")
+
+    def _clear(self) -> None:
+        self.generation += 1
+        self._entries.clear()
+        self._by_node.clear()
+
+
+@contextlib.asynccontextmanager
+async def node_cache(database_url: str) -> AsyncIterator[NodeCache]:
+    """A cache kept true by LISTEN, for the lifespan of the API process."""
+    cache = NodeCache()
+    stop = asyncio.Event()
+    listener = Listener(on_payload=cache._on_payload, on_connected=cache._on_connected)
+    task = asyncio.create_task(listen(database_url, NODE_CHANGES_CHANNEL, listener, stop))
+    try:
+        yield cache
+    finally:
+        cache.closing = True
+        stop.set()
+        await task
