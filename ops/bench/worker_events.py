@@ -216,6 +216,9 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
             "MODELFORGE_SWEEP_PERIOD_S": str(SWEEP_PERIOD_S),
             "MODELFORGE_LOG_LEVEL": "WARNING",
+            # Every node goes silent at once on purpose: the partition breaker would
+            # (rightly) hold the offline transitions this measures.
+            "MODELFORGE_PARTITION_MIN_NODES": "1000000",
         }
         port = hb.free_port()
         api_url = f"http://127.0.0.1:{port}"
