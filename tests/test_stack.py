@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import NullPool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from schemas.protocol import ADMIN_HEADER, TOKENS
 from stack.embedded_nats import EmbeddedNats
 from stack.embedded_postgres import EmbeddedPostgres
 from stack.ports import free_port
@@ -231,6 +232,21 @@ def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
     assert f"{base}/metrics (API), {info['worker_metrics_url']} (worker)" in up.output
     assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
     assert answers(info["worker_metrics_url"], timeout_s=60)  # the worker may still start
+    # A change through the API reaches the worker's audit consumer, which counts it.
+    operator_key = Path(info["operator_key_file"]).read_text().strip()
+    created = httpx.post(
+        f"{base}{TOKENS}", json={}, headers={ADMIN_HEADER: operator_key}, timeout=10
+    )
+    assert created.status_code == 201, created.text
+
+    def audited() -> bool:
+        text = httpx.get(info["worker_metrics_url"], timeout=5).text
+        return 'modelforge_events_handled_total{consumer="audit"}' in text
+
+    deadline = time.monotonic() + 30
+    while not audited():
+        assert time.monotonic() < deadline, "the worker's audit consumer never counted it"
+        time.sleep(0.2)
 
     tree = up.descendants()
     names = " ".join(" ".join(p.cmdline()) for p in tree)

@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from broker.streams import declare, events_stream
 from schemas.events import CloudEvent
 from schemas.protocol import EVENTS_STREAM
+from workers.metrics import PipelineMetrics
 
 logger = logging.getLogger("modelforge.consumers")
 
@@ -63,6 +64,7 @@ class EventConsumer:
     ack_wait_s: float = 30.0
     fetch_timeout_s: float = 1.0
     max_backoff_s: float = 2.0
+    metrics: PipelineMetrics | None = None
     terminated: int = field(default=0, init=False)
     _nc: NatsClient | None = field(default=None, init=False, repr=False)
     _sub: JetStreamContext.PullSubscription | None = field(default=None, init=False, repr=False)
@@ -145,6 +147,8 @@ class EventConsumer:
             return
         for message in messages:
             await message.ack()
+        if self.metrics is not None:
+            self.metrics.observe(self.durable, events)
 
     async def _refused(self, events: list[CloudEvent], messages: list[Msg], exc: Exception) -> None:
         if database_down(exc):
@@ -161,6 +165,8 @@ class EventConsumer:
             exc_info=exc,
         )
         self.terminated += 1
+        if self.metrics is not None:
+            self.metrics.terminated.labels(self.durable).inc()
         await messages[0].term()
 
     async def run(self, stop: asyncio.Event) -> None:

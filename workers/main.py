@@ -27,6 +27,7 @@ from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds, presence_gap
 from workers.actors import Actors, declare_actors
 from workers.database import database_resource
+from workers.metrics import PipelineMetrics
 from workers.pipeline import PipelineSettings
 from workers.services import PipelineMiddleware
 from workers.settings import WorkerSettings
@@ -66,7 +67,7 @@ def run_worker_process(
         consumer_ack_wait_s=settings.consumer_ack_wait_s,
     )
     if pipeline.relay or pipeline.consumers:
-        broker.add_middleware(PipelineMiddleware(database, pipeline))
+        broker.add_middleware(PipelineMiddleware(database, pipeline, PipelineMetrics(registry)))
     thresholds = LivenessThresholds(
         settings.stale_after_s,
         settings.offline_after_s,

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from store.notify import OUTBOX_CHANNEL, listening
 from workers.audit import audit_consumer
 from workers.consumer import EventConsumer
+from workers.metrics import PipelineMetrics
 from workers.reconcile import reconcile_consumer
 from workers.relay import OutboxRelay, connect_nats
 
@@ -40,6 +41,7 @@ class Pipeline:
         sessions: async_sessionmaker[AsyncSession],
         database_url: str,
         settings: PipelineSettings,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self.settings = settings
         self._database_url = database_url
@@ -53,6 +55,7 @@ class Pipeline:
             ]
             for consumer in self.consumers:
                 consumer.ack_wait_s = settings.consumer_ack_wait_s
+                consumer.metrics = metrics
 
     async def _relay(self, stop: asyncio.Event) -> None:
         try:

@@ -15,6 +15,7 @@ from dramatiq.middleware import Middleware
 
 from broker.jetstream import AsyncResource
 from workers.database import Database
+from workers.metrics import PipelineMetrics
 from workers.pipeline import Pipeline, PipelineSettings
 
 logger = logging.getLogger("modelforge.workers.pipeline")
@@ -23,9 +24,15 @@ logger = logging.getLogger("modelforge.workers.pipeline")
 class PipelineMiddleware(Middleware):
     """Must come after AsyncResourceMiddleware (it uses the shared database)."""
 
-    def __init__(self, database: AsyncResource[Database], settings: PipelineSettings) -> None:
+    def __init__(
+        self,
+        database: AsyncResource[Database],
+        settings: PipelineSettings,
+        metrics: PipelineMetrics | None = None,
+    ) -> None:
         self._database = database
         self._settings = settings
+        self._metrics = metrics
         self._stop: asyncio.Event | None = None
         self._running: concurrent.futures.Future[None] | None = None
 
@@ -41,7 +48,7 @@ class PipelineMiddleware(Middleware):
         database = self._database.get()
         url = database.engine.url.render_as_string(hide_password=False)
         try:
-            await Pipeline(database.sessions, url, self._settings).run(stop)
+            await Pipeline(database.sessions, url, self._settings, self._metrics).run(stop)
         except Exception:
             # A bug, not an outage (those are retried inside). A worker without its
             # pipeline would look healthy and do nothing: stop, so it is restarted.

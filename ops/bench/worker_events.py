@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database, enrollment)
 
-from schemas.protocol import INVENTORY  # noqa: E402
+from schemas.protocol import INVENTORY, NODES  # noqa: E402
 
 STALE_S = 5.0
 OFFLINE_S = 10.0
@@ -189,6 +189,24 @@ async def reconcile_round(api_url: str, dsn: str, nodes: list[hb.Node], round_: 
     return float(events) / elapsed
 
 
+async def single_changes(
+    api_url: str, admin_key: str, nodes: list[hb.Node], dsn: str
+) -> list[float]:
+    """Commit -> audit row of one change at a time on an otherwise idle stack."""
+    since = time.time()
+    async with hb.async_client(api_url, 1) as client:
+        for i, node in enumerate(nodes):
+            response = await client.patch(
+                f"{NODES}/{node.node_id}",
+                json={"display_name": f"lag-{i}"},
+                headers={"X-ModelForge-Admin-Token": admin_key},
+            )
+            response.raise_for_status()
+            await asyncio.sleep(0.25)
+    await asyncio.sleep(2)
+    return await audit_lags(dsn, since)
+
+
 async def delays(api_url: str, nats_url: str, nodes: list[hb.Node]) -> list[float]:
     listening = asyncio.create_task(offline_events(nats_url, {n.node_id for n in nodes}, 60))
     await asyncio.sleep(0.5)
@@ -248,6 +266,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                         )
                     if count == 1:
                         lag = asyncio.run(delays(api_url, js.url, nodes[:20]))
+                        idle = asyncio.run(single_changes(api_url, admin_key, nodes[:20], dsn))
     one, two = statistics.median(rates[1]), statistics.median(rates[2])
     print(f"\n{args.nodes} nodes, {args.rounds} rounds each, {where}, {os.cpu_count()} CPUs shared")
     for count, rate in ((1, one), (2, two)):
@@ -261,6 +280,11 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             f"commit -> audit row, {count} worker process(es), {len(ordered)} events:"
             f" p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms"
         )
+    idle.sort()
+    print(
+        f"commit -> audit row, one change at a time on an idle stack ({len(idle)} changes):"
+        f" p50 {idle[len(idle) // 2] * 1e3:.0f} ms, max {idle[-1] * 1e3:.0f} ms"
+    )
     r1, r2 = statistics.median(reconciled[1]), statistics.median(reconciled[2])
     for count, rate in ((1, r1), (2, r2)):
         rounds = [round(r) for r in reconciled[count]]
