@@ -100,6 +100,8 @@ class Stats:
 
     sent: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
+    # Seconds from first attempt to success, per operation, when asked for (simulator).
+    latencies: dict[str, list[float]] | None = None
 
     @property
     def failed(self) -> int:
@@ -231,6 +233,7 @@ class Publisher:
     async def _publish(self, operation: str, publish_once: Callable[[], Awaitable[bool]]) -> None:
         while True:
             generation = self.credential_generation
+            started = time.monotonic()
             try:
                 sent = await retry_transient(
                     operation,
@@ -246,6 +249,9 @@ class Publisher:
                 self._transient_streak[operation] = 0
                 if sent:
                     self.stats.sent[operation] += 1
+                    if self.stats.latencies is not None:
+                        latency = time.monotonic() - started
+                        self.stats.latencies.setdefault(operation, []).append(latency)
                     logger.debug("%s%s published", self.prefix, operation)
                 return
             except Rejected as error:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import random
@@ -44,6 +46,8 @@ from schemas.stack import StackFileError, operator_key_from, read_stack_info
 logger = logging.getLogger("modelforge.agent.simulator")
 
 RAM = 512 * 2**30
+# Connections per HTTP pool (see Fleet.run).
+POOL_SIZE = 8
 DISK = 4 * 2**40
 
 
@@ -58,6 +62,9 @@ class SimOptions:
     inventory_interval_s: float = 60.0
     gpus: int = 2
     concurrency: int = 32
+    # Latencies count only after this long of publishing: the first round (every node
+    # coming online, its first inventory) is a burst, not the steady state.
+    latency_warmup_s: float = 0.0
     enroll_concurrency: int = 8
     request_timeout_s: float = 30.0
     tls: TlsOptions = field(default_factory=TlsOptions)
@@ -72,10 +79,32 @@ class SimReport:
     steady_s: float
     sent: Counter[str]
     failures: Counter[str]
+    latencies: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def errors(self) -> int:
         return sum(self.failures.values())
+
+    def percentile(self, operation: str, q: float) -> float | None:
+        values = sorted(self.latencies.get(operation, []))
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(q / 100 * len(values)))]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ops/bench/fleet.py reads (--report-json)."""
+        return {
+            "nodes": self.nodes,
+            "enrolled": self.enrolled,
+            "enroll_s": self.enroll_s,
+            "steady_s": self.steady_s,
+            "sent": dict(self.sent),
+            "failures": dict(self.failures),
+            "latency_s": {
+                op: {"p50": self.percentile(op, 50), "p99": self.percentile(op, 99)}
+                for op in sorted(self.latencies)
+            },
+        }
 
     def summary(self) -> str:
         sent = ", ".join(f"{op} {count}" for op, count in sorted(self.sent.items()))
@@ -119,7 +148,7 @@ class SimulatedHost:
 class Fleet:
     def __init__(self, options: SimOptions) -> None:
         self.options = options
-        self.stats = Stats()
+        self.stats = Stats(latencies={})
         self.stops: list[asyncio.Event] = []
         self.enrolled = 0
         self.stopping = asyncio.Event()
@@ -219,18 +248,41 @@ class Fleet:
         if options.nodes == 0:
             all_enrolled.set()
         started = time.monotonic()
-        async with make_http_client(
-            options.api_url,
-            tls=options.tls,
-            timeout_s=options.request_timeout_s,
-            max_connections=options.concurrency,
-            trust_env=False,
-        ) as http:
-            operator = OperatorClient(http, options.operator_key, limiter=limiter)
-            client = ProtocolClient(http, limiter=limiter)
+        # Several small connection pools rather than one large one: httpcore matches
+        # every queued request against every connection on each event, which made one
+        # 64-connection pool the simulator's own bottleneck at a thousand nodes.
+        shards = max(1, options.concurrency // POOL_SIZE)
+        async with contextlib.AsyncExitStack() as pools:
+            https = [
+                await pools.enter_async_context(
+                    make_http_client(
+                        options.api_url,
+                        tls=options.tls,
+                        timeout_s=options.request_timeout_s,
+                        max_connections=max(1, options.concurrency // shards),
+                        trust_env=False,
+                    )
+                )
+                for _ in range(shards)
+            ]
+            limiters = [
+                asyncio.Semaphore(max(1, options.concurrency // shards)) for _ in range(shards)
+            ]
+            operator = OperatorClient(https[0], options.operator_key, limiter=limiter)
+            clients = [
+                ProtocolClient(http, limiter=shard_limiter)
+                for http, shard_limiter in zip(https, limiters, strict=True)
+            ]
             tasks = [
                 asyncio.create_task(
-                    self._node(i, limiter, enroll_limiter, operator, client, all_enrolled)
+                    self._node(
+                        i,
+                        limiters[i % shards],
+                        enroll_limiter,
+                        operator,
+                        clients[i % shards],
+                        all_enrolled,
+                    )
                 )
                 for i in range(options.nodes)
             ]
@@ -247,13 +299,19 @@ class Fleet:
                 if failed_early:
                     break
             enrolled_at = time.monotonic()
+            # Latencies of the steady state only.
+            if self.stats.latencies is not None:
+                self.stats.latencies.clear()
             self.publishing.set()
-            logger.info(
-                "enrolled %d/%d simulated nodes in %.1fs",
-                self.enrolled,
-                options.nodes,
-                enrolled_at - started,
+            # On stdout, so a benchmark driving this process knows the steady state began.
+            print(
+                f"publishing: {self.enrolled}/{options.nodes} nodes enrolled in"
+                f" {enrolled_at - started:.1f}s",
+                flush=True,
             )
+            if options.latency_warmup_s > 0 and self.stats.latencies is not None:
+                latencies = self.stats.latencies
+                asyncio.get_running_loop().call_later(options.latency_warmup_s, latencies.clear)
             if not failed_early and not self.stopping.is_set() and options.duration_s > 0:
                 await interruptible_sleep(self.stopping, options.duration_s)
             elif not failed_early and not self.stopping.is_set():
@@ -279,6 +337,7 @@ class Fleet:
             steady_s=finished - enrolled_at,
             sent=self.stats.sent,
             failures=self.stats.failures,
+            latencies=self.stats.latencies or {},
         )
 
 
@@ -315,6 +374,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         inventory_interval_s=args.inventory_interval,
         gpus=args.gpus,
         concurrency=args.concurrency,
+        latency_warmup_s=args.latency_warmup,
         tls=TlsOptions(
             Path(args.ca_bundle) if args.ca_bundle else None,
             Path(args.client_cert) if args.client_cert else None,
@@ -335,4 +395,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     report = asyncio.run(main())
     print(report.summary(), flush=True)
+    if args.report_json is not None:
+        Path(args.report_json).write_text(json.dumps(report.as_json()))
     return 0 if report.errors == 0 and report.enrolled == report.nodes else 1

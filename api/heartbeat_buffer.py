@@ -38,9 +38,13 @@ _FLUSH: Final = text(
     WITH beats AS (
         SELECT v.id, statement_timestamp() - make_interval(secs => v.age) AS at
         FROM unnest(:ids, :ages) AS v(id, age)
+    ), locked AS (
+        -- In id order, as every multi-node writer should: two API processes flushing
+        -- overlapping nodes (or a flush and a sweep) then never deadlock.
+        SELECT n.id FROM nodes AS n JOIN beats ON beats.id = n.id ORDER BY n.id FOR UPDATE OF n
     ), written AS (
         UPDATE nodes AS n SET last_heartbeat_at = beats.at
-        FROM beats
+        FROM beats JOIN locked ON locked.id = beats.id
         WHERE n.id = beats.id AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at < beats.at)
         RETURNING 1
     )

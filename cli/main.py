@@ -184,6 +184,12 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sim.add_argument("--client-cert", type=Path)
     sim.add_argument("--client-key", type=Path)
     sim.add_argument("--log-level", default="WARNING")
+    sim.add_argument(
+        "--report-json", type=Path, help="also write counts and latencies here (benchmarks)"
+    )
+    sim.add_argument(
+        "--latency-warmup", type=float, default=0.0, help="seconds of publishing not timed"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

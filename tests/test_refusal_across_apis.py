@@ -8,8 +8,6 @@ cache through its notification, not through a later read.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,55 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.processes import start_process, stop_process
-from schemas.protocol import ENROLL, HEARTBEAT, NODES, TOKENS
-from stack.ports import free_port
-from tests.api_server import OPERATOR_KEY
-from tests.flows import enroll_body, heartbeat_body
+from schemas.protocol import HEARTBEAT, NODES
+from tests.api_processes import ADMIN, api_processes, enrolled, routine_heartbeats
+from tests.flows import heartbeat_body
 
 BOUND_S = 1.0
-ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
 
 
 @pytest.fixture
 def two_apis(database_url: str, nats_url: str, tmp_path: Path) -> Iterator[list[str]]:
-    urls, procs = [], []
-    for i in range(2):
-        port = free_port()
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
-            "MODELFORGE_DATABASE_URL": database_url,
-            "MODELFORGE_NATS_URL": nats_url,
-            "MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY,
-            "MODELFORGE_PORT": str(port),
-            "MODELFORGE_LOG_LEVEL": "WARNING",
-        }
-        argv = [sys.executable, "-m", "cli.main", "api"]
-        procs.append(start_process(argv, env=env, log_path=tmp_path / f"api-{i}.log"))
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for url in urls:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, (tmp_path / "api-0.log").read_text()
-                time.sleep(0.1)
-        yield urls
-    finally:
-        for proc in procs:
-            stop_process(proc, timeout_s=15)
-
-
-def routine_heartbeats(client: httpx.Client) -> float:
-    """Heartbeats this API answered from its node cache (its /metrics)."""
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith('modelforge_heartbeats_total{path="routine"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    with api_processes(2, database_url, nats_url, tmp_path) as started:
+        yield [url for url, _ in started]
 
 
 def refused_within(
@@ -83,14 +43,6 @@ def refused_within(
         assert response.status_code == 200, response.text
         assert elapsed < BOUND_S, f"still accepted {elapsed:.2f}s after the change"
         time.sleep(0.02)
-
-
-def enrolled(operator: httpx.Client, hostname: str) -> tuple[str, str]:
-    token = operator.post(TOKENS, json={}, headers=ADMIN)
-    assert token.status_code == 201, token.text
-    response = operator.post(ENROLL, json=enroll_body(token.json()["secret"], hostname))
-    assert response.status_code == 201, response.text
-    return response.json()["node_id"], response.json()["credential"]
 
 
 @pytest.mark.parametrize(

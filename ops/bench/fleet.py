@@ -1,0 +1,292 @@
+"""A fleet on one box: N simulated nodes at the real cadence against one API process and
+one worker on embedded PostgreSQL and NATS, per fleet size.
+
+    python ops/bench/fleet.py [--sizes 1000,2500,5000,10000] [--duration 300]
+
+For each size a fresh stack (database, nats-server, `modelforge api`, `modelforge
+worker`) and `modelforge simulate` processes (at most --per-process nodes each): 10 s
+heartbeats, telemetry every --telemetry-interval (20 s), inventory checked every 60 s and
+sent on change. After every node is enrolled the steady state runs for --duration; then,
+per size:
+
+* heartbeat p50/p99 at the client (simulator: first attempt to success), after --warmup
+  (30 s: every node's first, transactional round is a burst, not the steady state), and
+  errors;
+* false liveness transitions: node.liveness.changed to stale or offline during the
+  steady state (every node kept heartbeating, so each one is false; must be 0);
+* CPU seconds per 1,000 nodes per minute of the API, the worker and PostgreSQL (from
+  /proc over the steady state), and the API's RSS at the end;
+* the API's own view (its /metrics): heartbeats by path, and the server-side latency.
+
+The simulators share the machine's CPUs with everything they measure: at the larger
+sizes they are part of what saturates it, which the CPU figures show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database)
+
+HEARTBEAT_S = 10.0
+STALE_S = 30.0
+OFFLINE_S = 90.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def tree(pid: int) -> list[int]:
+    """pid and its descendants (the worker's children, PostgreSQL's backends)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(children.get(current, []))
+    return found
+
+
+@dataclass
+class SizeResult:
+    nodes: int
+    enrolled: int
+    enroll_s: float
+    steady_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    heartbeats: int
+    errors: int
+    false_transitions: int
+    cpu: dict[str, float]
+    api_rss_mib: float
+    routine_share: float
+
+    def lines(self) -> list[str]:
+        per = 1000 / self.nodes * 60 / self.steady_s if self.steady_s else 0.0
+        cpu = ", ".join(f"{name} {seconds * per:.2f}" for name, seconds in self.cpu.items())
+
+        def ms(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.1f} ms"
+
+        return [
+            f"{self.nodes} nodes ({self.enrolled} enrolled in {self.enroll_s:.0f} s),"
+            f" steady {self.steady_s:.0f} s:",
+            f"  heartbeat at the client after the warm-up: p50 {ms(self.p50_ms)},"
+            f" p99 {ms(self.p99_ms)};"
+            f" {self.heartbeats} sent, {self.errors} errors;"
+            f" {self.routine_share:.0%} routine at the API",
+            f"  false stale/offline transitions: {self.false_transitions}",
+            f"  CPU s per 1,000 nodes per minute: {cpu}; API RSS {self.api_rss_mib:.0f} MiB",
+        ]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.split("{")[0].split(" ")[0] != name:
+            continue
+        if dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0])) == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@contextlib.contextmanager
+def stack(workdir: Path, env: dict[str, str]) -> Iterator[tuple[str, str, str, dict[str, int]]]:
+    """(API URL, operator key, libpq DSN, pids by role) of a fresh stack."""
+    from stack.embedded_nats import EmbeddedNats
+
+    admin_key = secrets.token_urlsafe(24)
+    with hb.database(workdir, True) as (database_url, _), EmbeddedNats(workdir / "nats") as js:
+        common = env | {
+            "MODELFORGE_DATABASE_URL": database_url,
+            "MODELFORGE_NATS_URL": js.url,
+            "MODELFORGE_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
+            "MODELFORGE_STALE_AFTER_S": str(STALE_S),
+            "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
+            "MODELFORGE_LOG_LEVEL": "WARNING",
+            "MODELFORGE_METRICS_PORT": "0",
+        }
+        port = hb.free_port()
+        api_env = common | {
+            "MODELFORGE_OPERATOR_API_KEY": admin_key,
+            "MODELFORGE_PORT": str(port),
+            "MODELFORGE_DB_POOL_SIZE": "20",
+        }
+        api_url = f"http://127.0.0.1:{port}"
+        dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+        worker_argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "4"]
+        with (
+            hb.child(
+                [sys.executable, "-m", "cli.main", "api"], api_env, workdir / "api.log"
+            ) as api,
+            hb.child(worker_argv, common, workdir / "worker.log") as worker,
+        ):
+            hb.wait_healthy("the API", api_url, api, workdir / "api.log")
+            postgres = _postgres_pid(workdir)
+            yield (
+                api_url,
+                admin_key,
+                dsn,
+                {"api": api.pid, "worker": worker.pid, "postgres": postgres},
+            )
+
+
+def _postgres_pid(workdir: Path) -> int:
+    pidfile = next(workdir.glob("postgres/**/postmaster.pid"))
+    return int(pidfile.read_text().splitlines()[0])
+
+
+async def false_transitions(dsn: str, since: float) -> int:
+    connection = await asyncpg.connect(dsn)
+    try:
+        count: int = await connection.fetchval(
+            "SELECT count(*) FROM outbox WHERE envelope->>'action' = 'node.liveness.changed'"
+            " AND envelope->'data'->>'current' IN ('stale', 'offline')"
+            " AND created_at >= to_timestamp($1)",
+            since,
+        )
+    finally:
+        await connection.close()
+    return count
+
+
+def run_size(
+    nodes: int, args: argparse.Namespace, workdir: Path, env: dict[str, str]
+) -> SizeResult:
+    with stack(workdir, env) as (api_url, admin_key, dsn, pids):
+        processes = max(1, math.ceil(nodes / args.per_process))
+        sims: list[tuple[subprocess.Popen[str], Path]] = []
+        for i in range(processes):
+            share = nodes // processes + (1 if i < nodes % processes else 0)
+            report = workdir / f"sim-{i}.json"
+            argv = [
+                sys.executable, "-m", "cli.main", "simulate",
+                "--nodes", str(share), "--api-url", api_url, "--operator-key", admin_key,
+                "--duration", str(args.duration),
+                "--heartbeat-interval", str(HEARTBEAT_S),
+                "--telemetry-interval", str(args.telemetry_interval),
+                "--inventory-interval", "60",
+                "--concurrency", str(args.concurrency),
+                "--report-json", str(report),
+                "--latency-warmup", str(args.warmup),
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                argv, cwd=hb.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+            sims.append((proc, report))
+        # The steady state begins once every simulator has enrolled its nodes.
+        for proc, _ in sims:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("publishing:"):
+                    break
+        since = time.time()
+        groups = {role: tree(pid) for role, pid in pids.items()}
+        before = {role: cpu_seconds(p) for role, p in groups.items()}
+        started = time.monotonic()
+        time.sleep(max(0.0, args.duration - 2))
+        groups = {role: tree(pid) for role, pid in pids.items()}
+        after = {role: cpu_seconds(p) for role, p in groups.items()}
+        steady = time.monotonic() - started
+        api_rss = rss_mib(pids["api"])
+        metrics = httpx.get(f"{api_url}/metrics", timeout=10).text
+        for proc, _ in sims:
+            proc.wait(timeout=args.duration + 120)
+        reports = [json.loads(report.read_text()) for _, report in sims]
+        falses = asyncio.run(false_transitions(dsn, since))
+    routine = _metric(metrics, "modelforge_heartbeats_total", path="routine")
+    transactional = _metric(metrics, "modelforge_heartbeats_total", path="transactional")
+
+    # Percentiles across simulators: the worst one's, a conservative merge.
+    def worst(q: str) -> float | None:
+        values = [r["latency_s"].get("heartbeat", {}).get(q) for r in reports]
+        known = [v for v in values if v is not None]
+        return max(known) * 1e3 if known else None
+
+    return SizeResult(
+        nodes=nodes,
+        enrolled=sum(r["enrolled"] for r in reports),
+        enroll_s=max(r["enroll_s"] for r in reports),
+        steady_s=steady,
+        p50_ms=worst("p50"),
+        p99_ms=worst("p99"),
+        heartbeats=sum(r["sent"].get("heartbeat", 0) for r in reports),
+        errors=sum(sum(r["failures"].values()) for r in reports),
+        false_transitions=falses,
+        cpu={role: after[role] - before[role] for role in pids},
+        api_rss_mib=api_rss,
+        routine_share=routine / (routine + transactional) if routine + transactional else 0.0,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1000,2500,5000,10000")
+    parser.add_argument("--duration", type=float, default=300.0, help="steady seconds per size")
+    parser.add_argument("--telemetry-interval", type=float, default=20.0)
+    parser.add_argument(
+        "--warmup", type=float, default=30.0, help="seconds of the steady state not timed"
+    )
+    parser.add_argument("--per-process", type=int, default=2500, help="nodes per simulator")
+    parser.add_argument("--concurrency", type=int, default=64, help="per simulator")
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hb.ROOT), env.get("PYTHONPATH")]))
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        workdir = Path(tempfile.mkdtemp(prefix=f"mf-bench-fleet-{size}-"))
+        try:
+            result = run_size(size, args, workdir, env)
+        except Exception:
+            print(f"{size} nodes failed; logs are kept in {workdir}", file=sys.stderr)
+            raise
+        shutil.rmtree(workdir, ignore_errors=True)
+        results.append(result)
+        print("\n".join(result.lines()), flush=True)
+    print(f"\n{os.cpu_count()} CPUs shared by the stack and the simulators")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

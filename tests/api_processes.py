@@ -1,0 +1,74 @@
+"""Real `modelforge api` processes on loopback, for tests that need several, or one to
+SIGKILL, and what such tests ask of them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from agent.processes import start_process, stop_process
+from schemas.protocol import ENROLL, TOKENS
+from stack.ports import free_port
+from tests.api_server import OPERATOR_KEY
+from tests.flows import enroll_body
+
+ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
+
+
+@contextlib.contextmanager
+def api_processes(
+    count: int, database_url: str, nats_url: str, log_dir: Path, **settings: str
+) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """(base URL, process) of `count` API processes, healthy; MODELFORGE_<KEY> settings."""
+    started: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        for i in range(count):
+            port = free_port()
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
+                "MODELFORGE_DATABASE_URL": database_url,
+                "MODELFORGE_NATS_URL": nats_url,
+                "MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY,
+                "MODELFORGE_PORT": str(port),
+                "MODELFORGE_LOG_LEVEL": "WARNING",
+                **{f"MODELFORGE_{key.upper()}": value for key, value in settings.items()},
+            }
+            argv = [sys.executable, "-m", "cli.main", "api"]
+            proc = start_process(argv, env=env, log_path=log_dir / f"api-{i}.log")
+            started.append((f"http://127.0.0.1:{port}", proc))
+        for i, (url, _) in enumerate(started):
+            deadline = time.monotonic() + 60
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, (log_dir / f"api-{i}.log").read_text()
+                time.sleep(0.1)
+        yield started
+    finally:
+        for _, proc in started:
+            if proc.poll() is None:
+                stop_process(proc, timeout_s=15)
+
+
+def routine_heartbeats(client: httpx.Client) -> float:
+    """Heartbeats this API answered from its node cache (its /metrics)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith('modelforge_heartbeats_total{path="routine"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def enrolled(operator: httpx.Client, hostname: str) -> tuple[str, str]:
+    token = operator.post(TOKENS, json={}, headers=ADMIN)
+    assert token.status_code == 201, token.text
+    response = operator.post(ENROLL, json=enroll_body(token.json()["secret"], hostname))
+    assert response.status_code == 201, response.text
+    return response.json()["node_id"], response.json()["credential"]
