@@ -8,7 +8,7 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ExceptionHandler
@@ -17,6 +17,7 @@ from api.errors import ApiError
 from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from store.correlation import current_correlation_id
+from store.engine import database_down
 
 logger = logging.getLogger("modelforge.api")
 
@@ -123,17 +124,8 @@ def _http_error(exc: StarletteHTTPException, headers: dict[str, str]) -> JSONRes
     return _respond(exc.status_code, body, headers or None)
 
 
-def _database_down(exc: BaseException) -> bool:
-    """A lost or refused database connection, not a bug in a statement."""
-    if isinstance(exc, ConnectionError):  # asyncpg raises a refused connect as it is
-        return True
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
-    return False
-
-
 async def _database_error(_: Request, exc: Exception) -> JSONResponse:
-    if not _database_down(exc):
+    if not database_down(exc):
         raise exc  # a bug: the outermost middleware answers 500 and logs it
     logger.warning("database unavailable: %s", type(exc).__name__)
     body = ErrorBody(

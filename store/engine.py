@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -26,3 +27,13 @@ def make_engine(database_url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def database_down(exc: BaseException) -> bool:
+    """A lost or refused database connection, not a fault of the statement: worth a
+    retry later (workers) or a 503 (the API), never a 500."""
+    if isinstance(exc, ConnectionError):  # asyncpg raises a refused connect as it is
+        return True
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return False

@@ -29,11 +29,12 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from broker.streams import declare, events_stream
 from schemas.events import CloudEvent
 from schemas.protocol import EVENTS_STREAM
+from store.engine import database_down
 from workers.metrics import PipelineMetrics
 
 logger = logging.getLogger("modelforge.consumers")
@@ -43,15 +44,6 @@ Connect = Callable[[], Awaitable[NatsClient]]
 Handler = Callable[[Sequence[CloudEvent]], Awaitable[None]]
 
 _BROKER_ERRORS = (NatsError, TimeoutError, OSError)
-
-
-def database_down(exc: BaseException) -> bool:
-    """A lost or refused database connection, not a fault of the statement."""
-    if isinstance(exc, ConnectionError):
-        return True
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
-    return False
 
 
 @dataclass
