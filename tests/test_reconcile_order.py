@@ -14,7 +14,6 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import httpx
 from hypothesis import HealthCheck, settings
@@ -27,7 +26,7 @@ from tests.api_server import ApiFactory, RunningApi
 from tests.flows import INVENTORY, NODES, enroll, gpu, inventory_body
 from tests.gpu_reference import GpuReference
 from tests.services import db_fetch, run_async
-from workers.reconcile import reconcile_consumer
+from workers import reconcile
 
 GPU_POOL = [f"GPU-order-{i}" for i in range(4)]
 
@@ -41,17 +40,13 @@ reports = st.tuples(
 deliveries = st.lists(st.integers(0, 1000), min_size=1, max_size=6)
 
 
-async def _refuse_nats() -> Any:
-    raise AssertionError("the handler must not need NATS")
-
-
 async def handle(database_url: str, batches: Sequence[Sequence[CloudEvent]]) -> None:
     """Each batch to its own replica (a handler of its own), all at once."""
     engine = make_engine(database_url, pool_size=len(batches) + 1)
     try:
         sessions = make_sessionmaker(engine)
-        replicas = [reconcile_consumer(sessions, _refuse_nats) for _ in batches]
-        await asyncio.gather(*(r.handle(b) for r, b in zip(replicas, batches, strict=True)))
+        replicas = [reconcile.handler(sessions) for _ in batches]
+        await asyncio.gather(*(r(b) for r, b in zip(replicas, batches, strict=True)))
     finally:
         await engine.dispose()
 

@@ -8,16 +8,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.events import SUBJECT_PREFIX, CloudEvent
 from store import audit
-from workers.consumer import Connect, EventConsumer
+from workers.consumer import Handler
 
 DURABLE = "audit"
+FILTER = f"{SUBJECT_PREFIX}.>"
 
 
-def audit_consumer(
-    sessions: async_sessionmaker[AsyncSession], connect: Connect, *, batch_size: int = 200
-) -> EventConsumer:
+def handler(sessions: async_sessionmaker[AsyncSession]) -> Handler:
     async def handle(events: Sequence[CloudEvent]) -> None:
         async with sessions() as session, session.begin():
             await audit.append(session, events)
 
-    return EventConsumer(DURABLE, f"{SUBJECT_PREFIX}.>", handle, connect, batch_size=batch_size)
+    return handle

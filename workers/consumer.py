@@ -16,7 +16,6 @@ it still fails it is logged and terminated, so one bad event never blocks the st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,7 +23,6 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -36,14 +34,12 @@ from schemas.events import CloudEvent
 from schemas.protocol import EVENTS_STREAM
 from store.engine import database_down
 from workers.metrics import PipelineMetrics
+from workers.relay import BROKER_ERRORS, Connect, close_quietly, wait_or_stop
 
 logger = logging.getLogger("modelforge.consumers")
 
-Connect = Callable[[], Awaitable[NatsClient]]
 # Handles a batch in one transaction (it opens and commits it); raises to refuse it.
 Handler = Callable[[Sequence[CloudEvent]], Awaitable[None]]
-
-_BROKER_ERRORS = (NatsError, TimeoutError, OSError)
 
 
 @dataclass
@@ -89,8 +85,7 @@ class EventConsumer:
                 config=self.config(),
             )
         except BaseException:
-            with contextlib.suppress(*_BROKER_ERRORS):
-                await nc.close()
+            await close_quietly(nc)
             raise
         self._nc = nc
         return self._sub
@@ -98,8 +93,7 @@ class EventConsumer:
     async def close(self) -> None:
         nc, self._nc, self._sub = self._nc, None, None
         if nc is not None:
-            with contextlib.suppress(*_BROKER_ERRORS):
-                await nc.close()
+            await close_quietly(nc)
 
     async def consume_once(self) -> int:
         """Fetch one batch, handle it, ack it; how many messages were handled."""
@@ -168,7 +162,7 @@ class EventConsumer:
             while not stop.is_set():
                 try:
                     await self.consume_once()
-                except (*_BROKER_ERRORS, SQLAlchemyError) as exc:
+                except (*BROKER_ERRORS, SQLAlchemyError) as exc:
                     failures += 1
                     log = logger.warning if failures == 1 else logger.debug
                     log(
@@ -180,8 +174,7 @@ class EventConsumer:
                     if not database_down(exc):
                         await self.close()
                     delay = min(0.1 * 2 ** min(failures, 10), self.max_backoff_s)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay * random.uniform(0.5, 1.0))
+                    await wait_or_stop(stop, delay * random.uniform(0.5, 1.0))
                     continue
                 if failures:
                     logger.info("%s: consuming again after %d failures", self.durable, failures)

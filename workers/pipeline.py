@@ -17,10 +17,9 @@ from functools import partial
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from store.notify import OUTBOX_CHANNEL, listening
-from workers.audit import audit_consumer
+from workers import audit, reconcile
 from workers.consumer import EventConsumer
 from workers.metrics import PipelineMetrics
-from workers.reconcile import reconcile_consumer
 from workers.relay import OutboxRelay, connect_nats
 
 
@@ -50,12 +49,17 @@ class Pipeline:
         self.consumers: list[EventConsumer] = []
         if settings.consumers:
             self.consumers = [
-                make(sessions, connect, batch_size=settings.consumer_batch_size)
-                for make in (audit_consumer, reconcile_consumer)
+                EventConsumer(
+                    kind.DURABLE,
+                    kind.FILTER,
+                    kind.handler(sessions),
+                    connect,
+                    batch_size=settings.consumer_batch_size,
+                    ack_wait_s=settings.consumer_ack_wait_s,
+                    metrics=metrics,
+                )
+                for kind in (audit, reconcile)
             ]
-            for consumer in self.consumers:
-                consumer.ack_wait_s = settings.consumer_ack_wait_s
-                consumer.metrics = metrics
 
     async def _relay(self, stop: asyncio.Event) -> None:
         try:

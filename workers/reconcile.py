@@ -14,14 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.events import CloudEvent, EventType, subject_filter
 from store import inventory
-from workers.consumer import Connect, EventConsumer
+from workers.consumer import Handler
 
 DURABLE = "reconcile"
+FILTER = subject_filter(event_type=EventType.NODE_INVENTORY_ACCEPTED)
 
 
-def reconcile_consumer(
-    sessions: async_sessionmaker[AsyncSession], connect: Connect, *, batch_size: int = 200
-) -> EventConsumer:
+def handler(sessions: async_sessionmaker[AsyncSession]) -> Handler:
     async def handle(events: Sequence[CloudEvent]) -> None:
         # dict: each node once per batch, in first-seen order.
         node_ids = dict.fromkeys(uuid.UUID(str(e.data["node_id"])) for e in events)
@@ -29,10 +28,4 @@ def reconcile_consumer(
             async with sessions() as session, session.begin():
                 await inventory.reconcile(session, node_id)
 
-    return EventConsumer(
-        DURABLE,
-        subject_filter(event_type=EventType.NODE_INVENTORY_ACCEPTED),
-        handle,
-        connect,
-        batch_size=batch_size,
-    )
+    return handle

@@ -48,8 +48,8 @@ _RELAY_LOCK_KEY = 0x6D66_6F62  # "mfob"
 # What a round may fail with and be retried: broker (nats errors include JetStream
 # API errors and nats' TimeoutError), network, and database failures. Anything else
 # is a bug and ends the process.
-_BROKER_ERRORS = (NatsError, TimeoutError, OSError)
-_RETRYABLE = (*_BROKER_ERRORS, SQLAlchemyError)
+BROKER_ERRORS = (NatsError, TimeoutError, OSError)
+_RETRYABLE = (*BROKER_ERRORS, SQLAlchemyError)
 _WARN_EVERY_S = 60.0
 
 Connect = Callable[[], Awaitable[NatsClient]]
@@ -101,7 +101,7 @@ class OutboxRelay:
         try:
             await declare(js, events_stream())
         except BaseException:
-            await _close(nc)
+            await close_quietly(nc)
             raise
         self._nc, self._js = nc, js
         return js
@@ -109,7 +109,7 @@ class OutboxRelay:
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None:
-            await _close(nc)
+            await close_quietly(nc)
 
     async def relay_once(self) -> int:
         """Publish one batch. Returns how many events were marked sent.
@@ -174,7 +174,7 @@ class OutboxRelay:
                         headers={"Nats-Msg-Id": str(row.id)},
                     )
                 )
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             failure = exc
         if futures:
             await asyncio.wait(futures, timeout=self.publish_timeout_s)
@@ -223,7 +223,7 @@ class OutboxRelay:
                         failures,
                     )
                     delay = min(poll_interval_s * 2 ** min(failures, 10), self.max_backoff_s)
-                    await _wait(stop, delay * random.uniform(0.5, 1.0))
+                    await wait_or_stop(stop, delay * random.uniform(0.5, 1.0))
                     continue
                 if failures:
                     logger.info("relaying again after %d failed attempts", failures)
@@ -236,7 +236,7 @@ class OutboxRelay:
 
 async def _idle(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> None:
     if wake is None:
-        await _wait(stop, seconds)
+        await wait_or_stop(stop, seconds)
         return
     if not wake.is_set():
         stopping = asyncio.ensure_future(stop.wait())
@@ -249,14 +249,15 @@ async def _idle(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float)
     wake.clear()
 
 
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
-async def _close(nc: NatsClient) -> None:
-    # Every batch awaited its acks (or gave up on them): nothing to flush or drain.
-    with contextlib.suppress(*_BROKER_ERRORS):
+async def close_quietly(nc: NatsClient) -> None:
+    """Close a connection whatever state the broker is in. (The relay awaited every
+    batch's acks, the consumers acked what they handled: nothing to flush or drain.)"""
+    with contextlib.suppress(*BROKER_ERRORS):
         await nc.close()
 
 
