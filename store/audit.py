@@ -9,10 +9,12 @@ incident_id).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
+from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from schemas.events import NOT_AUDITED, SUBJECT_IDS, SUBJECT_PREFIX, CloudEvent
 from store.models import AuditEntry
@@ -50,3 +52,29 @@ async def append(session: AsyncSession, events: Sequence[CloudEvent]) -> int:
         .returning(AuditEntry.id)
     )
     return len((await session.execute(statement)).all())
+
+
+_BACKLOG: Final = text(
+    "SELECT (SELECT count(*) FROM inventory_observations),"
+    " (SELECT count(*) FROM outbox o WHERE NOT (o.envelope->>'action' = ANY(:unaudited))"
+    "  AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.event_id = o.id))"
+).bindparams(unaudited=sorted(NOT_AUDITED))
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What the workers have still to do, in one snapshot."""
+
+    # Accepted inventory reports not reconciled yet.
+    unreconciled: int
+    # Committed events (of the audited kinds) without their audit row.
+    unaudited: int
+
+    @property
+    def settled(self) -> bool:
+        return self.unreconciled == 0 and self.unaudited == 0
+
+
+async def backlog(connection: AsyncConnection | AsyncSession) -> Backlog:
+    row = (await connection.execute(_BACKLOG)).one()
+    return Backlog(unreconciled=int(row[0]), unaudited=int(row[1]))

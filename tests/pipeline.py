@@ -22,33 +22,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
 
 import pytest
-from sqlalchemy import NullPool, text
+from sqlalchemy import NullPool
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from schemas.events import NOT_AUDITED
 from stack.embedded_nats import EmbeddedNats
-from store import inventory
+from store import audit, inventory
 from store.engine import make_engine, make_sessionmaker
 from tests.services import run_async
 from workers.pipeline import Pipeline, PipelineSettings
 
-SETTLED: Final = text(
-    "SELECT (SELECT count(*) FROM inventory_observations),"
-    " (SELECT count(*) FROM outbox o WHERE NOT (o.envelope->>'action' = ANY(:unaudited))"
-    "  AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.event_id = o.id))"
-).bindparams(unaudited=sorted(NOT_AUDITED))
 
-
-async def backlog(database_url: str) -> tuple[int, int]:
-    """(inventory reports not reconciled, events without an audit row) in one snapshot."""
+async def backlog(database_url: str) -> audit.Backlog:
     engine = create_async_engine(database_url, poolclass=NullPool)
     try:
         async with engine.connect() as conn:
-            row = (await conn.execute(SETTLED)).one()
-            return int(row[0]), int(row[1])
+            return await audit.backlog(conn)
     finally:
         await engine.dispose()
 
@@ -63,12 +53,12 @@ def settle(
         if pipeline is not None:
             pipeline.check()
         pending = run_async(lambda: backlog(database_url))
-        if pending == (0, 0):
+        if pending.settled:
             return
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"pipeline not settled after {timeout_s} s: {pending[0]} inventory reports"
-                f" unreconciled, {pending[1]} events without an audit row"
+                f"pipeline not settled after {timeout_s} s: {pending.unreconciled} inventory"
+                f" reports unreconciled, {pending.unaudited} events without an audit row"
             )
         time.sleep(0.02)
 

@@ -43,8 +43,11 @@ from nats.js.api import DeliverPolicy
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database, enrollment)
+from sqlalchemy import NullPool  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 
 from schemas.protocol import INVENTORY, NODES  # noqa: E402
+from store import audit  # noqa: E402
 
 STALE_S = 5.0
 OFFLINE_S = 10.0
@@ -117,13 +120,6 @@ async def throughput(api_url: str, nats_url: str, dsn: str, nodes: list[hb.Node]
     return len(want) / (max(arrived.values()) - started)
 
 
-BACKLOG = (
-    "SELECT (SELECT count(*) FROM inventory_observations) + (SELECT count(*) FROM outbox o"
-    " WHERE o.envelope->>'action' NOT IN ('node.inventory.accepted', 'node.stream.not_applied')"
-    " AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.event_id = o.id))"
-)
-
-
 async def audit_lags(dsn: str, since: float) -> list[float]:
     """Seconds from outbox insert to audit row, for events committed after `since`."""
     connection = await asyncpg.connect(dsn)
@@ -138,9 +134,16 @@ async def audit_lags(dsn: str, since: float) -> list[float]:
     return [float(row["lag"]) for row in rows]
 
 
-async def reconcile_round(api_url: str, dsn: str, nodes: list[hb.Node], round_: int) -> float:
+async def _settled(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return (await audit.backlog(conn)).settled
+
+
+async def reconcile_round(
+    api_url: str, database_url: str, nodes: list[hb.Node], round_: int
+) -> float:
     """Events/s from the first report sent to the last event audited."""
-    connection = await asyncpg.connect(dsn)
+    connection = await asyncpg.connect(database_url.replace("+asyncpg", ""))
     try:
         before = await connection.fetchval("SELECT count(*) FROM outbox")
         started = time.monotonic()
@@ -178,10 +181,14 @@ async def reconcile_round(api_url: str, dsn: str, nodes: list[hb.Node], round_: 
 
             await asyncio.gather(*(report(n) for n in nodes))
         deadline = time.monotonic() + 120
-        while await connection.fetchval(BACKLOG):
-            if time.monotonic() > deadline:
-                raise RuntimeError("reconciliation did not catch up in 120 s")
-            await asyncio.sleep(0.02)
+        engine = create_async_engine(database_url, poolclass=NullPool)
+        try:
+            while not await _settled(engine):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("reconciliation did not catch up in 120 s")
+                await asyncio.sleep(0.02)
+        finally:
+            await engine.dispose()
         elapsed = time.monotonic() - started
         events = await connection.fetchval("SELECT count(*) FROM outbox") - before
     finally:
@@ -262,7 +269,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                     for _ in range(args.rounds):
                         round_ += 1
                         reconciled[count].append(
-                            asyncio.run(reconcile_round(api_url, dsn, nodes, round_))
+                            asyncio.run(reconcile_round(api_url, database_url, nodes, round_))
                         )
                     if count == 1:
                         lag = asyncio.run(delays(api_url, js.url, nodes[:20]))
