@@ -52,12 +52,11 @@ def bearer_value(authorization: str | None) -> str:
 def presented_credential(authorization: str | None) -> security.PresentedSecret | None:
     """The credential in an Authorization header, or None for anything else (the
     database path then gives the typed refusal)."""
-    if not authorization:
+    try:
+        value = bearer_value(authorization)
+    except Unauthenticated:
         return None
-    scheme, _, value = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return security.parse(security.NODE_CREDENTIAL_PREFIX, value.strip())
+    return security.parse(security.NODE_CREDENTIAL_PREFIX, value)
 
 
 async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None:

@@ -245,6 +245,20 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     admin_key = secrets.token_urlsafe(24)
+
+    def wrk(name: str, url: str, path: str, nodes: list[Node]) -> wrk_load.WrkSummary:
+        """The same wrk load (every node's credential and body) against url + path."""
+        bodies = [(n.credential, heartbeat(n)) for n in nodes]
+        return wrk_load.run(
+            name,
+            url,
+            path,
+            bodies,
+            duration_s=args.duration,
+            connections=args.concurrency,
+            workdir=workdir,
+        )
+
     with database(workdir, args.durable) as (database_url, where):
         api_port = free_port()
         api_env = env | {
@@ -271,19 +285,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                     args.concurrency,
                 )
             )
-            wrk_beats = (
-                wrk_load.run(
-                    "heartbeat",
-                    api_url,
-                    HEARTBEAT,
-                    [(n.credential, heartbeat(n)) for n in nodes],
-                    duration_s=args.duration,
-                    connections=args.concurrency,
-                    workdir=workdir,
-                )
-                if use_wrk
-                else None
-            )
+            wrk_beats = wrk("heartbeat", api_url, HEARTBEAT, nodes) if use_wrk else None
         # The same API with every heartbeat a transaction (the path before the node
         # cache and the group commit), under wrk: what the cache buys, in this run.
         wrk_transactional = None
@@ -291,15 +293,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             plain_env = api_env | {"MODELFORGE_HEARTBEAT_CACHE": "false"}
             with child([sys.executable, "-m", "cli.main", "api"], plain_env, api_log) as api:
                 wait_healthy("the API", api_url, api, api_log)
-                wrk_transactional = wrk_load.run(
-                    "heartbeat, no cache",
-                    api_url,
-                    HEARTBEAT,
-                    [(n.credential, heartbeat(n)) for n in nodes],
-                    duration_s=args.duration,
-                    connections=args.concurrency,
-                    workdir=workdir,
-                )
+                wrk_transactional = wrk("heartbeat, no cache", api_url, HEARTBEAT, nodes)
         noop_port = free_port()
         noop_url = f"http://127.0.0.1:{noop_port}"
         noop_log = workdir / "noop.log"
@@ -309,19 +303,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             baseline = asyncio.run(
                 drive("no-op", noop_url, nodes, send_noop, args.duration, args.concurrency)
             )
-            wrk_baseline = (
-                wrk_load.run(
-                    "no-op",
-                    noop_url,
-                    "/noop",
-                    [(n.credential, heartbeat(n)) for n in nodes],
-                    duration_s=args.duration,
-                    connections=args.concurrency,
-                    workdir=workdir,
-                )
-                if use_wrk
-                else None
-            )
+            wrk_baseline = wrk("no-op", noop_url, "/noop", nodes) if use_wrk else None
 
     print(
         f"\n{args.nodes} nodes, {args.concurrency} concurrent clients, {args.duration:g} s each"
