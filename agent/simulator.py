@@ -152,8 +152,6 @@ class Fleet:
         self.stops: list[asyncio.Event] = []
         self.enrolled = 0
         self.stopping = asyncio.Event()
-        # Set when the enrollment phase is over (every node in, a failure, or a stop).
-        self.publishing = asyncio.Event()
 
     def _failed(self, operation: str) -> Callable[[RequestFailed], None]:
         def count(error: RequestFailed) -> None:
@@ -212,9 +210,10 @@ class Fleet:
         node_client = ProtocolClient(client.http, answer.credential, limiter=http_limiter)
         stop = asyncio.Event()
         self.stops.append(stop)
-        # Publishing starts once the whole fleet is in, spread over the intervals: the
-        # enrollment burst and the steady state are measured apart.
-        await self.publishing.wait()
+        # Publishing starts at once, as a real agent's does: a node left silent until the
+        # whole fleet is in would go stale at the larger sizes before its first heartbeat.
+        # The steady state is measured apart all the same: latencies restart when the
+        # last node is in (the `publishing:` line), after a warm-up.
         if self.stopping.is_set():
             return
         publisher = Publisher(
@@ -226,8 +225,10 @@ class Fleet:
             timing=Timing(
                 heartbeat_interval_s=options.heartbeat_interval_s,
                 telemetry_interval_s=options.telemetry_interval_s,
+                # Checked at this interval, sent on change, and in full every 600 s, as
+                # a real agent's defaults do (agent/config.py).
                 inventory_check_interval_s=options.inventory_interval_s,
-                inventory_interval_s=options.inventory_interval_s,
+                inventory_interval_s=max(600.0, options.inventory_interval_s),
                 retry_initial_s=0.5,
                 retry_max_s=10,
             ),
@@ -302,7 +303,6 @@ class Fleet:
             # Latencies of the steady state only.
             if self.stats.latencies is not None:
                 self.stats.latencies.clear()
-            self.publishing.set()
             # On stdout, so a benchmark driving this process knows the steady state began.
             print(
                 f"publishing: {self.enrolled}/{options.nodes} nodes enrolled in"

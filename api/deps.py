@@ -16,9 +16,15 @@ from fastapi import Depends, Header
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
-from api.agent.auth import AuthenticatedNode, authenticate_node, presented_credential
+from api.agent.auth import (
+    AuthenticatedNode,
+    admit_cached,
+    authenticate_node,
+    presented_credential,
+)
 from api.agent.heartbeat import HeartbeatCall, heartbeat_transaction
 from api.errors import Forbidden, Unauthenticated
+from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER
@@ -38,11 +44,25 @@ class NodeRequest:
     state: ApiState
 
 
+def _cached(state: ApiState, presented: security.PresentedSecret | None) -> CachedNode | None:
+    if presented is None or not state.settings.heartbeat_cache or not state.heartbeats.ready:
+        return None
+    return state.node_cache.lookup(presented)
+
+
 async def _node_transaction(
     state: State, authorization: Annotated[str | None, Header()] = None
 ) -> AsyncIterator[NodeRequest]:
+    # A node in the node cache is admitted without the credential read and the node
+    # lock: its stream row lock orders its samples, and a revocation, disable or
+    # decommission reaches every replica's cache within milliseconds (the same bound
+    # as a routine heartbeat's). Anything else is authenticated under the node lock.
+    cached = _cached(state, presented_credential(authorization))
     async with state.sessions() as session, session.begin():
-        node = await authenticate_node(session, authorization)
+        if cached is not None:
+            node = admit_cached(cached, state.heartbeats.database_now())
+        else:
+            node = await authenticate_node(session, authorization)
         yield NodeRequest(session=session, node=node, state=state)
 
 
@@ -52,11 +72,10 @@ async def _heartbeat_call(
     # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
     # no node lock up front, taken only when there is an event to emit.
     presented = presented_credential(authorization)
-    if presented is not None and state.settings.heartbeat_cache and state.heartbeats.ready:
-        cached = state.node_cache.lookup(presented)
-        if cached is not None:
-            yield HeartbeatCall(state, authorization, presented, cached=cached)
-            return
+    cached = _cached(state, presented)
+    if cached is not None:
+        yield HeartbeatCall(state, authorization, presented, cached=cached)
+        return
     async with heartbeat_transaction(state, authorization, presented) as call:
         yield call
 

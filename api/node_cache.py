@@ -11,7 +11,11 @@ empty again once reconnected (notifications may have been missed meanwhile).
 
 A race to avoid: a request reads the node from the database, a revocation commits and
 its notification arrives, then the request stores what it read. Every notification bumps
-`generation`, and a read is stored only if no notification came since it began.
+`generation` and records it against its node; a read is stored only if no notification
+for *that node* came since it began. Per node, not global: at fleet scale some node
+changes every few milliseconds, and a global guard refused nearly every read, so every
+heartbeat stayed transactional, got slower, went stale and notified again (the collapse
+`ops/bench/fleet.py` showed at 2,500 nodes).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class NodeCache:
         self._by_node: dict[uuid.UUID, set[uuid.UUID]] = {}
         self._max_entries = max_entries
         self.generation = 0
+        # Per node: the generation of its last notification. Reads that began before
+        # `_floor` (a clear, or this map overflowing) are never stored.
+        self._notified: dict[uuid.UUID, int] = {}
+        self._floor = 0
         self.listening = False
         self.closing = False
 
@@ -65,7 +73,11 @@ class NodeCache:
     def remember(self, entry: CachedNode, generation: int) -> None:
         """Store what a read that began at `generation` found, unless something changed
         since (see the module docstring)."""
-        if not self.listening or generation != self.generation:
+        if (
+            not self.listening
+            or generation < self._floor
+            or self._notified.get(entry.node_id, -1) > generation
+        ):
             return
         if len(self._entries) >= self._max_entries and entry.credential_id not in self._entries:
             return  # full: the rest take the database path, as before the cache
@@ -74,6 +86,10 @@ class NodeCache:
 
     def forget_node(self, node_id: uuid.UUID) -> None:
         self.generation += 1
+        if len(self._notified) >= self._max_entries:
+            self._notified.clear()
+            self._floor = self.generation
+        self._notified[node_id] = self.generation
         for credential_id in self._by_node.pop(node_id, ()):
             self._entries.pop(credential_id, None)
 
@@ -93,8 +109,10 @@ class NodeCache:
 
     def _clear(self) -> None:
         self.generation += 1
+        self._floor = self.generation
         self._entries.clear()
         self._by_node.clear()
+        self._notified.clear()
 
 
 @contextlib.asynccontextmanager

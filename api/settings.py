@@ -43,7 +43,9 @@ class ApiSettings(BaseSettings):
     # Routine heartbeats skip the database (api/node_cache.py, api/heartbeat_buffer.py):
     # their timestamps are written together every heartbeat_flush_interval_s (None:
     # 0.25 s, at most a tenth of STALE_AFTER_S; at most a quarter of it if set). A crash
-    # loses at most that interval of timestamps. False: every heartbeat is one
+    # loses at most that interval of timestamps. The same cache admits telemetry and
+    # inventory without the credential read and node lock (api/deps.py). False: every
+    # agent request authenticates against the database, every heartbeat is one
     # transaction (the path before the cache; kept for comparison and diagnosis).
     heartbeat_cache: bool = True
     heartbeat_flush_interval_s: float | None = Field(default=None, gt=0)

@@ -177,7 +177,12 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
     sim.add_argument("--heartbeat-interval", type=float, default=5.0)
     sim.add_argument("--telemetry-interval", type=float, default=10.0)
-    sim.add_argument("--inventory-interval", type=float, default=60.0)
+    sim.add_argument(
+        "--inventory-interval",
+        type=float,
+        default=60.0,
+        help="seconds between inventory checks; sent on change, in full every 600 s",
+    )
     sim.add_argument("--gpus", type=int, default=2, help="simulated GPUs per node")
     sim.add_argument("--concurrency", type=int, default=32, help="requests in flight at most")
     sim.add_argument("--ca-bundle", type=Path)

@@ -3,11 +3,13 @@
 Two real `modelforge api` processes on one database: the operator acts through one, the
 node keeps heartbeating through the other, whose node cache (api/node_cache.py) has
 already made its heartbeats routine (no database read): the change must reach that
-cache through its notification, not through a later read.
+cache through its notification, not through a later read. The same cache admits the
+node's telemetry without a credential read, so telemetry is refused within the bound too.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.protocol import HEARTBEAT, NODES
+from schemas.protocol import HEARTBEAT, NODES, TELEMETRY
 from tests.api_processes import ADMIN, api_processes, enrolled, routine_heartbeats
-from tests.flows import heartbeat_body
+from tests.flows import heartbeat_body, telemetry_body
 
 BOUND_S = 1.0
 
@@ -29,13 +31,18 @@ def two_apis(database_url: str, nats_url: str, tmp_path: Path) -> Iterator[list[
 
 
 def refused_within(
-    client: httpx.Client, credential: str, node_id: str, status: int, code: str
+    client: httpx.Client, credential: str, node_id: str, route: str, status: int, code: str
 ) -> float:
-    """Heartbeat until refused; seconds until then (fails past the bound)."""
+    """Send on `route` until refused; seconds until then (fails past the bound)."""
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {credential}"}
+    sequences = itertools.count(1_000)
     while True:
-        response = client.post(HEARTBEAT, json=heartbeat_body(node_id), headers=headers)
+        if route == HEARTBEAT:
+            response = client.post(HEARTBEAT, json=heartbeat_body(node_id), headers=headers)
+        else:
+            body = telemetry_body(node_id, next(sequences))
+            response = client.put(TELEMETRY, json=body, headers=headers)
         elapsed = time.monotonic() - started
         if response.status_code == status:
             assert response.json()["code"] == code
@@ -45,6 +52,7 @@ def refused_within(
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("route", [HEARTBEAT, TELEMETRY], ids=["heartbeat", "telemetry"])
 @pytest.mark.parametrize(
     ("change", "status", "code"),
     [
@@ -54,7 +62,7 @@ def refused_within(
     ],
 )
 def test_every_api_process_refuses_within_a_second(
-    two_apis: list[str], change: str, status: int, code: str
+    two_apis: list[str], route: str, change: str, status: int, code: str
 ) -> None:
     with (
         httpx.Client(base_url=two_apis[0], timeout=10) as operator,
@@ -80,4 +88,4 @@ def test_every_api_process_refuses_within_a_second(
             ),
         }[change]
         assert act().status_code == 200
-        assert refused_within(agent, credential, node_id, status, code) < BOUND_S
+        assert refused_within(agent, credential, node_id, route, status, code) < BOUND_S

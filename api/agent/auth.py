@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api import security
 from api.errors import Forbidden, Unauthenticated
+from api.node_cache import CachedNode
 from schemas.errors import ErrorCode
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
@@ -124,6 +125,21 @@ async def authenticate_node(
     if not security.matches(presented.secret, row.digest if row else None) or row is None:
         raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
     return _admit(row, presented.id, serialize)
+
+
+def admit_cached(cached: CachedNode, received_at: datetime) -> AuthenticatedNode:
+    """A node the node cache admitted (api/node_cache.py): online, credential live,
+    enabled and not decommissioned as of the last notification; no lock taken."""
+    return AuthenticatedNode(
+        node_id=cached.node_id,
+        credential_id=cached.credential_id,
+        agent_version=cached.agent_version,
+        protocol_version=cached.protocol_version,
+        capabilities=list(cached.capabilities),
+        liveness="online",
+        received_at=received_at,
+        serialized=False,
+    )
 
 
 async def serialize(session: AsyncSession, node: AuthenticatedNode) -> AuthenticatedNode:

@@ -2,14 +2,19 @@
 
 An accepted inventory is stored for the workers to reconcile (store/inventory.py): the
 request decides ordering and answers; GPU events follow a few hundred ms later.
+
+The server-received time of a sample is the database clock when its stream row is
+locked: one statement reads the cursor and the time, whichever way the node was
+authenticated (the node cache or the database, api/deps.py).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.agent.auth import AuthenticatedNode
@@ -22,6 +27,14 @@ from store import changes, inventory
 from store.models import NodeStream
 
 
+@dataclass(frozen=True)
+class Advanced:
+    stream: NodeStream
+    decision: Decision
+    # Server-received time of the sample (database clock).
+    received_at: datetime
+
+
 async def _advance(
     session: AsyncSession,
     node: AuthenticatedNode,
@@ -29,21 +42,21 @@ async def _advance(
     report: InventoryReport | TelemetryReport,
     good_payload: dict[str, Any],
     future_skew_limit_s: float,
-) -> tuple[NodeStream, Decision]:
+) -> Advanced:
     # The row lock serialises samples of one stream; other nodes never wait on it.
-    stream = (
+    stream, received_at = (
         await session.execute(
-            select(NodeStream)
+            select(NodeStream, func.statement_timestamp())
             .where(NodeStream.node_id == node.node_id, NodeStream.stream == stream_name)
-            .with_for_update()
+            .with_for_update(of=NodeStream)
         )
-    ).scalar_one()
+    ).one()
     decision = decide(
         cursor=stream.cursor,
         good_observed_at=stream.good_observed_at,
         sequence=report.sequence,
         observed_at=report.observed_at,
-        received_at=node.received_at,
+        received_at=received_at,
         future_skew_limit=timedelta(seconds=future_skew_limit_s),
     )
     if decision.replay:
@@ -53,16 +66,17 @@ async def _advance(
             extra={"stream": stream_name, "cursor": stream.cursor},
         )
     stream.cursor = report.sequence
+    advanced = Advanced(stream, decision, received_at)
     if decision.applied:
         stream.good_sequence = report.sequence
         stream.good_observed_at = report.observed_at
-        stream.good_received_at = node.received_at
+        stream.good_received_at = received_at
         stream.good_payload = good_payload
         stream.not_applied_reason = None
         stream.not_applied_sequence = None
         stream.not_applied_observed_at = None
         stream.not_applied_received_at = None
-        return stream, decision
+        return advanced
     assert decision.reason is not None
     if stream.not_applied_reason != decision.reason:
         # Once per episode, not per refused sample: a skewed clock must not flood the stream.
@@ -75,27 +89,27 @@ async def _advance(
                 sequence=report.sequence,
                 reason=decision.reason.value,
                 observed_at=report.observed_at,
-                received_at=node.received_at,
+                received_at=received_at,
             ),
             actor=node_actor(node.node_id),
         )
     stream.not_applied_reason = decision.reason.value
     stream.not_applied_sequence = report.sequence
     stream.not_applied_observed_at = report.observed_at
-    stream.not_applied_received_at = node.received_at
-    return stream, decision
+    stream.not_applied_received_at = received_at
+    return advanced
 
 
 def _result(
-    node: AuthenticatedNode, stream: str, sequence: int, decision: Decision
+    node: AuthenticatedNode, stream: str, sequence: int, advanced: Advanced
 ) -> IngestResult:
     return IngestResult(
         node_id=node.node_id,
         stream=stream,
         sequence=sequence,
-        applied=decision.applied,
-        reason=decision.reason,
-        received_at=node.received_at,
+        applied=advanced.decision.applied,
+        reason=advanced.decision.reason,
+        received_at=advanced.received_at,
     )
 
 
@@ -108,10 +122,10 @@ async def ingest_inventory(
 ) -> IngestResult:
     node.require_owns(report.node_id)
     payload = report.model_dump(mode="json", include={"complete", "host"})
-    _, decision = await _advance(session, node, "inventory", report, payload, future_skew_limit_s)
-    if decision.applied:
-        inventory.accept(session, node.node_id, report, node.received_at)
-    return _result(node, "inventory", report.sequence, decision)
+    advanced = await _advance(session, node, "inventory", report, payload, future_skew_limit_s)
+    if advanced.decision.applied:
+        inventory.accept(session, node.node_id, report, advanced.received_at)
+    return _result(node, "inventory", report.sequence, advanced)
 
 
 async def ingest_telemetry(
@@ -123,5 +137,5 @@ async def ingest_telemetry(
 ) -> IngestResult:
     node.require_owns(report.node_id)
     payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
-    _, decision = await _advance(session, node, "telemetry", report, payload, future_skew_limit_s)
-    return _result(node, "telemetry", report.sequence, decision)
+    advanced = await _advance(session, node, "telemetry", report, payload, future_skew_limit_s)
+    return _result(node, "telemetry", report.sequence, advanced)
