@@ -14,6 +14,7 @@ from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.heartbeat_buffer import heartbeat_buffer
+from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
@@ -39,6 +40,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
             )
         engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
         broker = BrokerLink(settings.nats_url)
+        token = settings.artifact_source_token
+        manifests = ManifestResolver(
+            settings.artifact_source_url, token.get_secret_value() if token else None
+        )
         sessions = make_sessionmaker(engine)
         try:
             async with (
@@ -61,9 +66,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     metrics=metrics,
                     node_cache=cache,
                     heartbeats=heartbeats,
+                    manifests=manifests,
                 )
                 yield
         finally:
+            await manifests.close()
             await broker.close()
             await engine.dispose()
 

@@ -18,6 +18,7 @@ from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from store.correlation import current_correlation_id
 from store.engine import database_down
+from store.errors import Invalid, Missing, NotOwned, Refused, StoreError
 
 logger = logging.getLogger("modelforge.api")
 
@@ -44,6 +45,29 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     )
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
     return _respond(exc.status_code, body, headers)
+
+
+# The store's refusals (store/errors.py), by class.
+_STORE_STATUS: dict[type[StoreError], int] = {
+    Missing: 404,
+    NotOwned: 403,
+    Refused: 409,
+    Invalid: 422,
+}
+
+
+async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreError)
+    status = next(code for kind, code in _STORE_STATUS.items() if isinstance(exc, kind))
+    if status == 403:
+        state_of(request).metrics.auth_failures.labels(exc.code.value).inc()
+    body = ErrorBody(
+        code=exc.code,
+        message=exc.message,
+        correlation_id=current_correlation_id() or "",
+        extra=exc.extra,
+    )
+    return _respond(status, body)
 
 
 def _unparseable() -> JSONResponse:
@@ -140,6 +164,7 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
 
 def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(AllowedMethods(app)))
     app.add_exception_handler(DBAPIError, _database_error)

@@ -6,12 +6,13 @@ import ssl
 from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from store.liveness import presence_gap
+from store.settings import LeaseSettings
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(LeaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
     database_url: str = Field(description="SQLAlchemy URL, postgresql+asyncpg://...")
@@ -62,6 +63,9 @@ class ApiSettings(BaseSettings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
+    # Server-resolved artifact manifests (api/manifests.py): a Hub-layout source.
+    artifact_source_url: str = "https://huggingface.co"
+    artifact_source_token: SecretStr | None = None
 
     @property
     def gap_s(self) -> float:

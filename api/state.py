@@ -9,10 +9,12 @@ from starlette.requests import Request
 
 from api.broker_link import BrokerLink
 from api.heartbeat_buffer import HeartbeatBuffer
+from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.node_cache import NodeCache
 from api.settings import ApiSettings
 from broker.jetstream.names import Names
+from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 
 
@@ -25,6 +27,11 @@ class ApiState:
     metrics: ApiMetrics
     node_cache: NodeCache
     heartbeats: HeartbeatBuffer
+    manifests: ManifestResolver
+
+    @property
+    def leases(self) -> LeasePolicy:
+        return self.settings.lease_policy()
 
     @property
     def broker_names(self) -> Names:

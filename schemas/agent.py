@@ -15,6 +15,7 @@ from schemas.base import (
     Flag,
     Integer,
     Number,
+    RootPath,
     ShortText,
     Text,
     Timestamp,
@@ -93,6 +94,12 @@ class HostFacts(WireModel):
     cpu_count: CpuCount = 0
     ram_total_bytes: Count = 0
     storage_total_bytes: Count = 0
+    # Directories the agent's config allows artifact jobs to write into: a job's target
+    # root must be one of these (schemas/artifacts.py).
+    artifact_roots: Annotated[
+        list[RootPath],
+        Field(max_length=16),
+    ] = Field(default_factory=list)
 
 
 class GpuInventory(WireModel):

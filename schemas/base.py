@@ -32,6 +32,16 @@ SAFE_INT_MAX: Final = 2**53 - 1
 # overflowing. The JSON Schema carries the same rule as a pattern, so a client's
 # validator and ours agree on every string.
 TIMESTAMP_PATTERN: Final = r"^(?!0001-01-01|9999-12-31)\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}"
+# A path segment that is not `.` or `..` (spelled out: the validator's regex engine has
+# no look-ahead): it starts with a non-dot, or one dot and a non-dot, or two dots and
+# anything more.
+_CHAR: Final = r"[A-Za-z0-9_.+=@-]"
+_NON_DOT: Final = r"[A-Za-z0-9_+=@-]"
+_SEGMENT: Final = rf"(?:{_NON_DOT}{_CHAR}*|\.{_NON_DOT}{_CHAR}*|\.\.{_CHAR}+)"
+FILE_PATH_PATTERN: Final = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
+# An absolute, normalised directory: no `.` or `..` segment, no `//`, no trailing `/`.
+ROOT_PATTERN: Final = rf"^(?:/{_SEGMENT})+$"
+
 # C0 controls (NUL included), DEL and C1 controls.
 NO_CONTROL_CHARACTERS: Final = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
@@ -65,6 +75,12 @@ Labels = Annotated[
         },
     ),
 ]
+
+# Paths (artifact files and the roots they go into): relative, `/`-separated, segments
+# from a conservative character set and never `.` or `..`; a root is absolute and
+# normalised. Receivers check again on their side (symlinks, the real root).
+FilePath = Annotated[str, Strict(), Field(max_length=1024, pattern=FILE_PATH_PATTERN)]
+RootPath = Annotated[str, Strict(), Field(max_length=1024, pattern=ROOT_PATTERN)]
 
 # Numbers --------------------------------------------------------------------------------
 

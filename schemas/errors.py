@@ -13,6 +13,12 @@ from schemas.base import WireModel
 class ErrorCode(StrEnum):
     # 422 / 413
     VALIDATION_FAILED = "validation_failed"
+    # A job's target root is not one the node reports as allowed.
+    TARGET_ROOT_NOT_ALLOWED = "target_root_not_allowed"
+    # A completion's file list does not name exactly the job's files.
+    INVENTORY_MISMATCH = "inventory_mismatch"
+    # The source has no such repository, revision or matching files (or refused us).
+    MANIFEST_UNRESOLVED = "manifest_unresolved"
     # Not JSON at all: invalid UTF-8, a syntax error, nesting or a number beyond the
     # parser's limits.
     BODY_UNPARSEABLE = "body_unparseable"
@@ -32,6 +38,8 @@ class ErrorCode(StrEnum):
     # 403
     NODE_DISABLED = "node_disabled"
     NODE_MISMATCH = "node_mismatch"
+    # Another node's job: never claimed, seen or reported on through this credential.
+    JOB_NOT_OWNED = "job_not_owned"
     ADMIN_API_DISABLED = "admin_api_disabled"
     # 404
     NOT_FOUND = "not_found"
@@ -43,10 +51,19 @@ class ErrorCode(StrEnum):
     IDENTITY_CONFLICT = "identity_conflict"
     NODE_TERMINAL = "node_terminal"
     STATE_CONFLICT = "state_conflict"
+    # A report under a lease that is no longer the job's current one (fencing), or
+    # one that ran out.
+    LEASE_STALE = "lease_stale"
+    LEASE_EXPIRED = "lease_expired"
+    # The job already ended (succeeded, failed, cancelled).
+    JOB_FINISHED = "job_finished"
+    # A job for a disabled or decommissioned node.
+    NODE_NOT_SCHEDULABLE = "node_not_schedulable"
     # 500 / 503
     INTERNAL_ERROR = "internal_error"
     BROKER_UNAVAILABLE = "broker_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"
+    SOURCE_UNAVAILABLE = "source_unavailable"
 
 
 class FieldError(WireModel):

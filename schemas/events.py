@@ -42,6 +42,15 @@ class EventType(StrEnum):
     FLEET_PARTITION_SUSPECTED = "fleet.partition_suspected"
     FLEET_PARTITION_ACKNOWLEDGED = "fleet.partition_acknowledged"
     FLEET_PARTITION_RESOLVED = "fleet.partition_resolved"
+    JOB_CREATED = "job.created"
+    JOB_CLAIMED = "job.claimed"
+    JOB_PROGRESSED = "job.progressed"
+    JOB_COMPLETED = "job.completed"
+    JOB_FAILED = "job.failed"
+    JOB_RETRY_SCHEDULED = "job.retry_scheduled"
+    JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    JOB_CANCELLED = "job.cancelled"
+    JOB_EXPIRED = "job.expired"
 
     @property
     def cloudevent_type(self) -> str:
@@ -63,11 +72,17 @@ def subject_filter(node_id: str | None = None, event_type: EventType | None = No
 
 
 # What the id in each subject kind names, and the audit target type it stands for.
-SUBJECT_IDS: dict[str, str] = {"node": "node_id", "token": "token_id", "fleet": "incident_id"}
+SUBJECT_IDS: dict[str, str] = {
+    "node": "node_id",
+    "token": "token_id",
+    "fleet": "incident_id",
+    "job": "job_id",
+}
 TARGET_TYPES: dict[str, str] = {
     "node": "node",
     "token": "enrollment_token",
     "fleet": "fleet_incident",
+    "job": "job",
 }
 
 # Who made a change: the operator (admin API), a node (its own credential), or a worker
@@ -243,6 +258,27 @@ class PartitionResolved(WireModel):
     acknowledged: bool
 
 
+class JobEvent(WireModel):
+    """A job's lifecycle (schemas/jobs.py). Subjects are ``modelforge.v1.job.<job_id>.<event>``;
+    `node_id` (also the envelope's `nodeid`) says whose job it is, which is what the API's
+    notification relay routes by."""
+
+    job_id: uuid.UUID
+    node_id: uuid.UUID
+    kind: str
+    state: str
+    attempt: int
+    # The lease, once claimed.
+    epoch: int | None = None
+    lease_expires_at: datetime | None = None
+    # job.failed / job.retry_scheduled / job.expired: why, and when the next attempt may run.
+    failure_code: str | None = None
+    retryable: bool | None = None
+    retry_at: datetime | None = None
+    # job.progressed: the milestone crossed (25, 50, 75 per cent of the bytes).
+    percent: int | None = None
+
+
 EVENT_MEANINGS: dict[EventType, str] = {
     EventType.TOKEN_CREATED: "an operator created an enrollment token",
     EventType.TOKEN_REVOKED: "an enrollment token was revoked before use",
@@ -267,6 +303,17 @@ EVENT_MEANINGS: dict[EventType, str] = {
     EventType.FLEET_PARTITION_ACKNOWLEDGED: "an operator released the hold: the silent "
     "nodes go offline",
     EventType.FLEET_PARTITION_RESOLVED: "the silent share fell back; the incident is over",
+    EventType.JOB_CREATED: "an operator created a job for a node (a notification: claim it)",
+    EventType.JOB_CLAIMED: "the node claimed the job; it holds a lease with a new epoch",
+    EventType.JOB_PROGRESSED: "the job crossed 25, 50 or 75 per cent (not every report)",
+    EventType.JOB_COMPLETED: "the node reported a verified result that matched the job",
+    EventType.JOB_FAILED: "the job failed for good (not retryable, or out of attempts)",
+    EventType.JOB_RETRY_SCHEDULED: "an attempt failed or its lease expired; the job is "
+    "queued again after a backoff",
+    EventType.JOB_CANCEL_REQUESTED: "an operator cancelled a claimed job; the node is told "
+    "on its next progress report (a notification)",
+    EventType.JOB_CANCELLED: "the job ended cancelled",
+    EventType.JOB_EXPIRED: "the lease ran out without a report; a worker took the job back",
 }
 
 # Events that record no change of state, so the audit log leaves them out: an accepted
@@ -297,4 +344,13 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.FLEET_PARTITION_SUSPECTED: PartitionSuspected,
     EventType.FLEET_PARTITION_ACKNOWLEDGED: PartitionAcknowledged,
     EventType.FLEET_PARTITION_RESOLVED: PartitionResolved,
+    EventType.JOB_CREATED: JobEvent,
+    EventType.JOB_CLAIMED: JobEvent,
+    EventType.JOB_PROGRESSED: JobEvent,
+    EventType.JOB_COMPLETED: JobEvent,
+    EventType.JOB_FAILED: JobEvent,
+    EventType.JOB_RETRY_SCHEDULED: JobEvent,
+    EventType.JOB_CANCEL_REQUESTED: JobEvent,
+    EventType.JOB_CANCELLED: JobEvent,
+    EventType.JOB_EXPIRED: JobEvent,
 }

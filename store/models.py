@@ -241,3 +241,62 @@ class FleetIncident(Base):
             postgresql_where=text("resolved_at IS NULL"),
         ),
     )
+
+
+class Job(Base):
+    """Work handed to one node under a lease (store/leases.py); `kind` says what `spec`
+    holds (schemas/jobs.py: JobKind). One table for every kind: claim, fence, extend and
+    expire are the same for all of them."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"))
+    state: Mapped[str] = mapped_column(String(16))
+    spec: Mapped[dict[str, Any]]
+    attempt: Mapped[int] = mapped_column(Integer, server_default="0")
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    # Claimable from this time on (a retry waits out its backoff).
+    available_at: Mapped[datetime]
+    lease_id: Mapped[uuid.UUID | None]
+    # The fencing value: +1 on every claim; reports must carry the current one.
+    lease_epoch: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    lease_expires_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    failure_code: Mapped[str | None] = mapped_column(String(64))
+    failure_retryable: Mapped[bool | None] = mapped_column(Boolean)
+    failure_detail: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        # The claim: a node's queued jobs of one kind, oldest first.
+        Index(
+            "ix_jobs_claimable",
+            "node_id",
+            "kind",
+            "available_at",
+            postgresql_where=text("state = 'queued'"),
+        ),
+        # The expiry sweep: leases by expiry.
+        Index("ix_jobs_leased", "lease_expires_at", postgresql_where=text("state = 'leased'")),
+        Index("ix_jobs_created", "created_at", "id"),
+    )
+
+
+class NodeArtifact(Base):
+    """Where an artifact is: the node's artifact inventory, written when an acquisition
+    job completes with a verified file list."""
+
+    __tablename__ = "node_artifacts"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    root: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    repository: Mapped[str] = mapped_column(String(200), primary_key=True)
+    commit: Mapped[str] = mapped_column(String(40), primary_key=True)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
+    recorded_at: Mapped[datetime]

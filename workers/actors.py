@@ -11,18 +11,32 @@ import dramatiq
 from broker.jetstream import AsyncResource
 from store.correlation import correlation_id_var
 from store.fleet import PartitionBreaker
+from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from workers.database import Database
+from workers.leases import expire
 from workers.liveness import sweep
 
 logger = logging.getLogger("modelforge.workers")
 
 LIVENESS_QUEUE = "liveness"
+LEASES_QUEUE = "leases"
 
 
 @dataclass(frozen=True)
 class Actors:
     liveness_sweep: dramatiq.Actor[Any, Any]
+    lease_expiry: dramatiq.Actor[Any, Any]
+
+
+def _period(name: str, bucket: object) -> int:
+    if not isinstance(bucket, int) or isinstance(bucket, bool):
+        # Only the ticker sends these; anything else is a malformed message and belongs
+        # in the dead-letter stream, not in a silent no-op.
+        raise TypeError(f"{name} expects the period number, got {bucket!r}")
+    # Audit rows and events of this run carry the message that caused them.
+    correlation_id_var.set(f"{name}-{bucket}")
+    return bucket
 
 
 def declare_actors(
@@ -30,6 +44,7 @@ def declare_actors(
     database: AsyncResource[Database],
     thresholds: LivenessThresholds,
     breaker: PartitionBreaker,
+    leases: LeasePolicy,
 ) -> Actors:
     @dramatiq.actor(
         broker=broker,
@@ -41,14 +56,21 @@ def declare_actors(
     )
     async def liveness_sweep(bucket: int) -> None:
         """Record every due liveness transition. Idempotent: decided from stored state."""
-        if not isinstance(bucket, int) or isinstance(bucket, bool):
-            # Only the ticker sends these; anything else is a malformed message and
-            # belongs in the dead-letter stream, not in a silent no-op.
-            raise TypeError(f"liveness_sweep expects the period number, got {bucket!r}")
-        # Audit rows and events of this sweep carry the message id that caused them.
-        correlation_id_var.set(f"liveness_sweep-{bucket}")
+        _period("liveness_sweep", bucket)
         transitions = await sweep(database.get().sessions, thresholds, breaker=breaker)
         for t in transitions:
             logger.info("node %s: %s -> %s", t.node_id, t.previous, t.current)
 
-    return Actors(liveness_sweep=liveness_sweep)
+    @dramatiq.actor(
+        broker=broker,
+        actor_name="lease_expiry",
+        queue_name=LEASES_QUEUE,
+        max_retries=0,
+        time_limit=60_000,
+    )
+    async def lease_expiry(bucket: int) -> None:
+        """Take back every expired job lease. Idempotent: decided from stored state."""
+        _period("lease_expiry", bucket)
+        await expire(database.get().sessions, leases)
+
+    return Actors(liveness_sweep=liveness_sweep, lease_expiry=lease_expiry)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from store.settings import LeaseSettings
+
 
 class RelaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
@@ -19,7 +21,7 @@ class RelaySettings(BaseSettings):
     log_level: str = "INFO"
 
 
-class WorkerSettings(RelaySettings):
+class WorkerSettings(RelaySettings, LeaseSettings):
     """`modelforge worker`: the actors, the liveness ticker and the outbox relay.
 
     Broker settings (ack wait, retries, dead letters) are BrokerSettings, read beside it.
@@ -48,3 +50,5 @@ class WorkerSettings(RelaySettings):
     consumer_batch_size: int = Field(default=200, gt=0)
     # An event a worker took and did not ack (it died) goes to another one after this.
     consumer_ack_wait_s: float = Field(default=30.0, gt=0)
+    # Lease expiry (workers/leases.py) is scheduled this often.
+    lease_sweep_period_s: float = Field(default=1.0, gt=0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, and_, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.agent.auth import AuthenticatedNode
@@ -29,10 +29,12 @@ from store.models import NodeStream
 
 @dataclass(frozen=True)
 class Advanced:
-    stream: NodeStream
     decision: Decision
     # Server-received time of the sample (database clock).
     received_at: datetime
+
+
+_STREAMS: Table = NodeStream.__table__  # type: ignore[assignment]
 
 
 async def _advance(
@@ -43,14 +45,23 @@ async def _advance(
     good_payload: dict[str, Any],
     future_skew_limit_s: float,
 ) -> Advanced:
-    # The row lock serialises samples of one stream; other nodes never wait on it.
-    stream, received_at = (
+    # Two plain statements (Core, not an ORM object and a flush: this runs for every
+    # telemetry sample of the fleet). The row lock serialises samples of one stream;
+    # other nodes never wait on it.
+    here = and_(_STREAMS.c.node_id == node.node_id, _STREAMS.c.stream == stream_name)
+    stream = (
         await session.execute(
-            select(NodeStream, func.statement_timestamp())
-            .where(NodeStream.node_id == node.node_id, NodeStream.stream == stream_name)
-            .with_for_update(of=NodeStream)
+            select(
+                _STREAMS.c.cursor,
+                _STREAMS.c.good_observed_at,
+                _STREAMS.c.not_applied_reason,
+                func.statement_timestamp().label("now"),
+            )
+            .where(here)
+            .with_for_update()
         )
     ).one()
+    received_at: datetime = stream.now
     decision = decide(
         cursor=stream.cursor,
         good_observed_at=stream.good_observed_at,
@@ -65,39 +76,44 @@ async def _advance(
             code=ErrorCode.SEQUENCE_REPLAYED,
             extra={"stream": stream_name, "cursor": stream.cursor},
         )
-    stream.cursor = report.sequence
-    advanced = Advanced(stream, decision, received_at)
+    values: dict[str, Any] = {"cursor": report.sequence}
     if decision.applied:
-        stream.good_sequence = report.sequence
-        stream.good_observed_at = report.observed_at
-        stream.good_received_at = received_at
-        stream.good_payload = good_payload
-        stream.not_applied_reason = None
-        stream.not_applied_sequence = None
-        stream.not_applied_observed_at = None
-        stream.not_applied_received_at = None
-        return advanced
-    assert decision.reason is not None
-    if stream.not_applied_reason != decision.reason:
-        # Once per episode, not per refused sample: a skewed clock must not flood the stream.
-        changes.record(
-            session,
-            EventType.NODE_STREAM_NOT_APPLIED,
-            StreamNotApplied(
-                node_id=node.node_id,
-                stream=stream_name,
-                sequence=report.sequence,
-                reason=decision.reason.value,
-                observed_at=report.observed_at,
-                received_at=received_at,
-            ),
-            actor=node_actor(node.node_id),
-        )
-    stream.not_applied_reason = decision.reason.value
-    stream.not_applied_sequence = report.sequence
-    stream.not_applied_observed_at = report.observed_at
-    stream.not_applied_received_at = received_at
-    return advanced
+        values |= {
+            "good_sequence": report.sequence,
+            "good_observed_at": report.observed_at,
+            "good_received_at": received_at,
+            "good_payload": good_payload,
+            "not_applied_reason": None,
+            "not_applied_sequence": None,
+            "not_applied_observed_at": None,
+            "not_applied_received_at": None,
+        }
+    else:
+        assert decision.reason is not None
+        if stream.not_applied_reason != decision.reason:
+            # Once per episode, not per refused sample: a skewed clock must not flood
+            # the stream.
+            changes.record(
+                session,
+                EventType.NODE_STREAM_NOT_APPLIED,
+                StreamNotApplied(
+                    node_id=node.node_id,
+                    stream=stream_name,
+                    sequence=report.sequence,
+                    reason=decision.reason.value,
+                    observed_at=report.observed_at,
+                    received_at=received_at,
+                ),
+                actor=node_actor(node.node_id),
+            )
+        values |= {
+            "not_applied_reason": decision.reason.value,
+            "not_applied_sequence": report.sequence,
+            "not_applied_observed_at": report.observed_at,
+            "not_applied_received_at": received_at,
+        }
+    await session.execute(update(_STREAMS).where(here).values(**values))
+    return Advanced(decision, received_at)
 
 
 def _result(

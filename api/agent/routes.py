@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
+from api.agent import artifact_jobs
 from api.agent.enrollment import enroll
 from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
@@ -65,3 +66,6 @@ async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestRe
                 future_skew_limit_s=request.state.settings.future_skew_limit_s,
             )
         )
+
+
+router.include_router(artifact_jobs.router)

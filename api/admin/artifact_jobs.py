@@ -1,0 +1,156 @@
+"""Operator routes for artifact acquisition jobs: create, list, get, cancel; and the
+node's artifact inventory. Included in the admin router, so the operator check covers
+them (api/admin/routes.py)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, status
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.deps import AdminTransaction, State
+from api.errors import NotFound, error_responses
+from schemas.admin import PageLimit
+from schemas.artifacts import (
+    ArtifactFile,
+    ArtifactJobList,
+    ArtifactJobView,
+    ArtifactProgressView,
+    CreateArtifactJob,
+    LeaseView,
+    NodeArtifact,
+    NodeArtifactList,
+)
+from schemas.base import CountParam
+from schemas.events import OPERATOR_ACTOR
+from schemas.jobs import FailureCode, JobFailure, JobState
+from schemas.protocol import ARTIFACT_JOBS, NODES
+from store import artifacts, leases, nodes
+from store.models import Job, Node
+
+router = APIRouter()
+
+
+def job_view(job: Job) -> ArtifactJobView:
+    progress = job.progress
+    failure = (
+        JobFailure(
+            code=FailureCode(job.failure_code),
+            retryable=bool(job.failure_retryable),
+            detail=job.failure_detail or "",
+        )
+        if job.failure_code
+        else None
+    )
+    return ArtifactJobView(
+        id=job.id,
+        node_id=job.node_id,
+        state=JobState(job.state),
+        spec=artifacts.spec_of(job),
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        available_at=job.available_at,
+        lease=(
+            LeaseView(epoch=job.lease_epoch, expires_at=job.lease_expires_at)
+            if job.state == JobState.LEASED.value and job.lease_expires_at is not None
+            else None
+        ),
+        cancel_requested=job.cancel_requested_at is not None,
+        progress=_progress_view(progress) if progress else None,
+        failure=failure,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+    )
+
+
+def _progress_view(progress: dict[str, Any]) -> ArtifactProgressView:
+    done = int(progress["bytes_done"])
+    total = int(progress["bytes_total"])
+    rate = progress.get("bytes_per_s")
+    rate_f = float(rate) if rate is not None else None
+    return ArtifactProgressView(
+        bytes_done=done,
+        bytes_total=total,
+        files_done=int(progress["files_done"]),
+        files_total=int(progress["files_total"]),
+        bytes_per_s=rate_f,
+        eta_s=(total - done) / rate_f if rate_f else None,
+        reported_at=datetime.fromisoformat(progress["reported_at"]),
+    )
+
+
+async def _job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    job = await artifacts.get_job(session, job_id, lock=lock)
+    if job is None:
+        raise NotFound(f"no artifact job {job_id}")
+    return job
+
+
+@router.post(
+    ARTIFACT_JOBS, status_code=status.HTTP_201_CREATED, responses=error_responses(404, 409)
+)
+async def create_artifact_job(
+    body: CreateArtifactJob, session: AdminTransaction, state: State
+) -> ArtifactJobView:
+    """Queue an acquisition for a node. With `resolve`, the control plane resolves the
+    revision and patterns into an exact manifest first."""
+    manifest = body.manifest
+    if manifest is None:
+        assert body.resolve is not None
+        manifest = await state.manifests.resolve(body.resolve)
+    job = await artifacts.create(session, body, manifest, actor=OPERATOR_ACTOR)
+    return job_view(job)
+
+
+@router.get(ARTIFACT_JOBS)
+async def list_artifact_jobs(
+    session: AdminTransaction,
+    node_id: uuid.UUID | None = None,
+    state: Annotated[list[JobState] | None, Query()] = None,
+    limit: PageLimit = 100,
+    offset: CountParam = 0,
+) -> ArtifactJobList:
+    rows = await artifacts.list_jobs(
+        session, node_id=node_id, states=state or [], limit=limit, offset=offset
+    )
+    return ArtifactJobList(items=[job_view(job) for job in rows])
+
+
+@router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
+async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
+    return job_view(await _job(session, job_id))
+
+
+@router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
+async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
+    """A queued job ends cancelled at once; a claimed one is told on its next progress
+    report (409 once the job has ended)."""
+    job = await _job(session, job_id, lock=True)
+    leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
+    return job_view(job)
+
+
+@router.get(NODES + "/{node_id}/artifacts", responses=error_responses(404))
+async def list_node_artifacts(node_id: uuid.UUID, session: AdminTransaction) -> NodeArtifactList:
+    """The node's artifact inventory: what completed jobs verified, and where."""
+    if await session.get(Node, node_id) is None:
+        raise NotFound(f"no node {node_id}")
+    rows = await artifacts.node_artifacts(session, node_id)
+    return NodeArtifactList(
+        items=[
+            NodeArtifact(
+                node_id=row.node_id,
+                root=row.root,
+                repository=row.repository,
+                commit=row.commit,
+                files=[ArtifactFile.model_validate(f) for f in row.files],
+                job_id=row.job_id,
+                recorded_at=row.recorded_at,
+            )
+            for row in rows
+        ]
+    )

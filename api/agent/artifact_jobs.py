@@ -1,0 +1,140 @@
+"""The protocol's artifact-job routes (artifact.acquire.v1) over the shared leases
+(store/leases.py): claim the next job, then report progress, completion or failure under
+the lease. Only the node the job belongs to gets past authentication and ownership, and
+only the current, unexpired lease gets past the fence."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Response, status
+
+from api.deps import NodeTransaction
+from api.errors import error_responses
+from schemas.artifacts import (
+    ArtifactClaim,
+    CompleteAnswer,
+    CompleteReport,
+    ProgressReport,
+)
+from schemas.errors import ErrorCode
+from schemas.events import node_actor
+from schemas.jobs import REPORTABLE_FAILURES, FailAnswer, FailReport, JobState, ProgressAnswer
+from schemas.protocol import (
+    ARTIFACT_JOB_COMPLETE,
+    ARTIFACT_JOB_FAIL,
+    ARTIFACT_JOB_PROGRESS,
+    ARTIFACT_JOBS_NEXT,
+)
+from store import artifacts, leases
+from store.errors import Invalid
+
+router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
+# A report can also name a job that does not exist (404).
+REPORT = error_responses(404)
+
+
+@router.get(
+    ARTIFACT_JOBS_NEXT,
+    response_model=ArtifactClaim,
+    responses={204: {"description": "nothing to do"}},
+)
+async def claim_artifact_job(request: NodeTransaction) -> ArtifactClaim | Response:
+    """At most one of the calling node's queued jobs, leased to it; 204 when none."""
+    job = await leases.claim(
+        request.session,
+        kind=artifacts.KIND,
+        node_id=request.node.node_id,
+        policy=request.state.leases,
+        actor=node_actor(request.node.node_id),
+    )
+    if job is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return ArtifactClaim(
+        job_id=job.id,
+        attempt=job.attempt,
+        spec=artifacts.spec_of(job),
+        lease=leases.lease_of(job, request.state.leases),
+    )
+
+
+@router.post(ARTIFACT_JOB_PROGRESS, responses=REPORT)
+async def report_artifact_progress(
+    job_id: uuid.UUID, body: ProgressReport, request: NodeTransaction
+) -> ProgressAnswer:
+    """Bytes per file; extends the lease. The answer says whether to stop (cancelled)."""
+    job, now = await leases.held(
+        request.session,
+        kind=artifacts.KIND,
+        job_id=job_id,
+        node_id=request.node.node_id,
+        fence=body.lease,
+    )
+    artifacts.record_progress(
+        request.session, job, body, now, actor=node_actor(request.node.node_id)
+    )
+    policy = request.state.leases
+    leases.extend(job, now, policy)
+    return ProgressAnswer(
+        job_id=job.id,
+        cancel_requested=job.cancel_requested_at is not None,
+        lease=leases.lease_of(job, policy),
+    )
+
+
+@router.post(ARTIFACT_JOB_COMPLETE, responses=REPORT)
+async def complete_artifact_job(
+    job_id: uuid.UUID, body: CompleteReport, request: NodeTransaction
+) -> CompleteAnswer:
+    """The verified inventory. A match records the artifact on the node; a mismatch
+    fails the job (inventory_mismatch): either way the answer is 200 with the outcome."""
+    job, now = await leases.held(
+        request.session,
+        kind=artifacts.KIND,
+        job_id=job_id,
+        node_id=request.node.node_id,
+        fence=body.lease,
+    )
+    mismatches = await artifacts.complete(
+        request.session,
+        job,
+        body,
+        now,
+        request.state.leases,
+        actor=node_actor(request.node.node_id),
+    )
+    return CompleteAnswer(job_id=job.id, state=JobState(job.state), mismatches=mismatches)
+
+
+@router.post(ARTIFACT_JOB_FAIL, responses=REPORT)
+async def fail_artifact_job(
+    job_id: uuid.UUID, body: FailReport, request: NodeTransaction
+) -> FailAnswer:
+    """A typed failure. Retried with backoff while it may help and attempts remain."""
+    if body.code not in REPORTABLE_FAILURES:
+        raise Invalid(
+            f"{body.code.value} is decided by the control plane, not reported",
+            code=ErrorCode.VALIDATION_FAILED,
+        )
+    job, now = await leases.held(
+        request.session,
+        kind=artifacts.KIND,
+        job_id=job_id,
+        node_id=request.node.node_id,
+        fence=body.lease,
+    )
+    leases.fail(
+        request.session,
+        job,
+        now,
+        request.state.leases,
+        code=body.code,
+        retryable=body.retryable,
+        detail=body.detail,
+        actor=node_actor(request.node.node_id),
+    )
+    return FailAnswer(
+        job_id=job.id,
+        state=JobState(job.state),
+        retry_at=job.available_at if job.state == JobState.QUEUED.value else None,
+    )

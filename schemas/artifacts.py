@@ -1,0 +1,220 @@
+"""Artifact acquisition jobs (artifact.acquire.v1): what an operator asks for, what a
+lease carries, and what a node reports.
+
+A lease carries only a repository, an exact commit, the selected files with their
+expected sizes and digests, an approved target root and a reserve policy: no URL, no
+command, no free-form field. The node fetches `{endpoint}/{repository}/resolve/{commit}/
+{path}` from the source it is configured with (the Hugging Face Hub layout) and
+verifies each file against the digest the job holds.
+
+Paths are deliberately narrow (schemas/base.py: FilePath, RootPath); the node checks
+again on its side (symlinks, the real root).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final, Literal
+
+from pydantic import Field, Strict, field_validator, model_validator
+
+from schemas.base import Count, FilePath, Number, RootPath, WireModel
+from schemas.jobs import Attempts, JobFailure, JobState, Lease, LeaseFence
+
+# `owner/name` (or a bare `name`), as the Hub spells repository ids.
+REPOSITORY_PATTERN: Final = (
+    r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+    r"(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$"
+)
+COMMIT_PATTERN: Final = r"^[0-9a-f]{40}$"
+# A branch, a tag or a commit: `/`-separated segments, none starting with `.` or `-`.
+REVISION_PATTERN: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+# fnmatch-style selection of a repository's files.
+FILE_GLOB_PATTERN: Final = r"^[A-Za-z0-9_.+=@*?\[\]/-]{1,255}$"
+
+Repository = Annotated[str, Strict(), Field(max_length=193, pattern=REPOSITORY_PATTERN)]
+CommitId = Annotated[str, Strict(), Field(pattern=COMMIT_PATTERN)]
+Revision = Annotated[str, Strict(), Field(max_length=255, pattern=REVISION_PATTERN)]
+FileGlob = Annotated[str, Strict(), Field(pattern=FILE_GLOB_PATTERN)]
+MAX_FILES: Final = 1000
+
+
+class DigestAlgorithm(StrEnum):
+    # An LFS file's `lfs.oid`: SHA-256 of the content.
+    SHA256 = "sha256"
+    # A small file's git blob id: SHA-1 of `blob <size>\0` + content.
+    GIT_SHA1 = "git-sha1"
+
+
+DIGEST_LENGTHS: Final = {DigestAlgorithm.SHA256: 64, DigestAlgorithm.GIT_SHA1: 40}
+
+
+class FileDigest(WireModel):
+    algorithm: DigestAlgorithm
+    value: Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")]
+
+    @model_validator(mode="after")
+    def _length_matches(self) -> FileDigest:
+        if len(self.value) != DIGEST_LENGTHS[self.algorithm]:
+            raise ValueError(
+                f"a {self.algorithm.value} digest is {DIGEST_LENGTHS[self.algorithm]} hex digits"
+            )
+        return self
+
+
+class ArtifactFile(WireModel):
+    path: FilePath
+    size: Count
+    digest: FileDigest
+
+
+def _unique_paths(files: list[ArtifactFile]) -> list[ArtifactFile]:
+    paths = [f.path for f in files]
+    if len(set(paths)) != len(paths):
+        raise ValueError("each file path may appear once")
+    return files
+
+
+class ArtifactManifest(WireModel):
+    """Exact: a commit and every selected file's size and digest."""
+
+    repository: Repository
+    commit: CommitId
+    files: Annotated[list[ArtifactFile], Field(min_length=1, max_length=MAX_FILES)]
+
+    _unique = field_validator("files")(_unique_paths)
+
+
+class ManifestRequest(WireModel):
+    """Resolved by the control plane: a revision and file patterns, turned into a
+    manifest from the source's revision and tree API before the job is stored."""
+
+    repository: Repository
+    revision: Revision = "main"
+    patterns: Annotated[list[FileGlob], Field(min_length=1, max_length=64)]
+
+
+class ReservePolicy(WireModel):
+    # Bytes that must stay free on the target root's filesystem, before and during.
+    min_free_bytes: Count = 0
+
+
+class CreateArtifactJob(WireModel):
+    node_id: uuid.UUID
+    target_root: Annotated[
+        RootPath, Field(description="one of the roots the node reports as allowed")
+    ]
+    reserve: ReservePolicy = Field(default_factory=ReservePolicy)
+    max_attempts: Attempts = 3
+    # Exactly one of the two.
+    manifest: ArtifactManifest | None = None
+    resolve: ManifestRequest | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CreateArtifactJob:
+        if (self.manifest is None) == (self.resolve is None):
+            raise ValueError("give exactly one of manifest (exact) or resolve (by revision)")
+        return self
+
+
+class ArtifactSpec(WireModel):
+    """Everything a lease carries, and nothing else."""
+
+    repository: Repository
+    commit: CommitId
+    files: list[ArtifactFile]
+    target_root: RootPath
+    reserve: ReservePolicy
+
+
+class FileProgress(WireModel):
+    path: FilePath
+    bytes_done: Count
+
+
+class ProgressReport(WireModel):
+    lease: LeaseFence
+    files: Annotated[list[FileProgress], Field(max_length=MAX_FILES)]
+    bytes_per_s: Annotated[Number, Field(ge=0)] | None = None
+
+
+class CompleteReport(WireModel):
+    """The verified inventory: what is now at `{root}/{repository}/{commit}/…`."""
+
+    lease: LeaseFence
+    files: Annotated[list[ArtifactFile], Field(min_length=1, max_length=MAX_FILES)]
+
+    _unique = field_validator("files")(_unique_paths)
+
+
+class ArtifactProgressView(WireModel):
+    bytes_done: int
+    bytes_total: int
+    files_done: int
+    files_total: int
+    bytes_per_s: float | None
+    eta_s: float | None
+    reported_at: datetime
+
+
+class LeaseView(WireModel):
+    epoch: int
+    expires_at: datetime
+
+
+class ArtifactJobView(WireModel):
+    id: uuid.UUID
+    kind: Literal["artifact.acquire.v1"] = "artifact.acquire.v1"
+    node_id: uuid.UUID
+    state: JobState
+    spec: ArtifactSpec
+    attempt: int
+    max_attempts: int
+    # Not claimable before this (a retry's backoff).
+    available_at: datetime
+    lease: LeaseView | None
+    cancel_requested: bool
+    progress: ArtifactProgressView | None
+    failure: JobFailure | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class ArtifactJobList(WireModel):
+    items: list[ArtifactJobView]
+
+
+class ArtifactClaim(WireModel):
+    """GET …/artifact-jobs/next: one job of the calling node and its lease."""
+
+    job_id: uuid.UUID
+    kind: Literal["artifact.acquire.v1"] = "artifact.acquire.v1"
+    attempt: int
+    spec: ArtifactSpec
+    lease: Lease
+
+
+class CompleteAnswer(WireModel):
+    job_id: uuid.UUID
+    # succeeded, or failed when the files did not match the job (inventory_mismatch).
+    state: JobState
+    mismatches: list[str] = []
+
+
+class NodeArtifact(WireModel):
+    """Where an artifact now is: the node's artifact inventory."""
+
+    node_id: uuid.UUID
+    root: str
+    repository: str
+    commit: str
+    files: list[ArtifactFile]
+    job_id: uuid.UUID
+    recorded_at: datetime
+
+
+class NodeArtifactList(WireModel):
+    items: list[NodeArtifact]

@@ -1,0 +1,117 @@
+"""Work the control plane hands to nodes: the lease every job kind shares.
+
+A job is claimed through its kind's ``…/next`` route and answered with a lease: an id,
+a fencing epoch and an expiry. Every later report (progress, complete, fail) carries the
+lease id and epoch back; the control plane accepts it only from the current holder of
+an unexpired lease, so a holder that lost its lease (it stalled, its lease expired and
+the job went to another attempt) can never overwrite the new attempt's work. One lease
+mechanism (store/leases.py) serves artifact, runtime and deployment jobs alike; the
+kind-specific parts (what the job carries, what its completion proves) live in their
+own modules (schemas/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import BeforeValidator, Field, Strict
+
+from schemas.base import SAFE_INT_MAX, Flag, Note, WireModel, json_integer
+
+
+class JobKind(StrEnum):
+    ARTIFACT_ACQUIRE = "artifact.acquire.v1"
+
+
+class JobState(StrEnum):
+    # Waiting to be claimed (also after a retryable failure, until its backoff ends).
+    QUEUED = "queued"
+    # Claimed: a node holds the lease.
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+Epoch = Annotated[int, Strict(), Field(ge=1, le=SAFE_INT_MAX), BeforeValidator(json_integer)]
+Attempts = Annotated[int, Strict(), Field(ge=1, le=20), BeforeValidator(json_integer)]
+
+
+class Lease(WireModel):
+    """What a claim hands out: present lease_id and epoch with every report."""
+
+    lease_id: uuid.UUID
+    # The fencing value: it grows with every claim of the job, so a report carrying an
+    # older one comes from a holder that lost the lease.
+    epoch: int
+    expires_at: datetime
+    # Report progress at least this often to keep the lease.
+    renew_within_s: float
+
+
+class LeaseFence(WireModel):
+    """The lease a report is made under."""
+
+    lease_id: uuid.UUID
+    epoch: Epoch
+
+
+class FailureCode(StrEnum):
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    SIZE_MISMATCH = "size_mismatch"
+    INSUFFICIENT_SPACE = "insufficient_space"
+    SOURCE_UNAVAILABLE = "source_unavailable"
+    SOURCE_NOT_FOUND = "source_not_found"
+    SOURCE_UNAUTHORIZED = "source_unauthorized"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    STALLED = "stalled"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+    # Decided by the control plane, never reported by a node: the lease ran out on the
+    # last attempt, or the verified inventory did not match the job.
+    LEASE_EXPIRED = "lease_expired"
+    INVENTORY_MISMATCH = "inventory_mismatch"
+
+
+# What a node may report in …/fail; the rest are the control plane's own verdicts.
+REPORTABLE_FAILURES: Final = frozenset(FailureCode) - {
+    FailureCode.LEASE_EXPIRED,
+    FailureCode.INVENTORY_MISMATCH,
+}
+
+
+class JobFailure(WireModel):
+    code: FailureCode
+    retryable: bool
+    detail: str = ""
+
+
+class FailReport(WireModel):
+    lease: LeaseFence
+    code: Annotated[
+        FailureCode,
+        Field(description="any code but lease_expired and inventory_mismatch"),
+    ]
+    # Whether another attempt may help (a flaky source: yes; a checksum the source
+    # keeps serving wrong: no). Bounded by the job's max_attempts either way.
+    retryable: Flag
+    detail: Note = ""
+
+
+class FailAnswer(WireModel):
+    job_id: uuid.UUID
+    state: JobState
+    # Set when the job goes back to the queue: not claimable before this.
+    retry_at: datetime | None = None
+
+
+class ProgressAnswer(WireModel):
+    job_id: uuid.UUID
+    # The operator cancelled the job: stop, remove staging files, report fail(cancelled).
+    cancel_requested: bool
+    lease: Lease
