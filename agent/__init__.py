@@ -6,4 +6,4 @@ wire models), the standard library and its own dependencies.
 """
 
 AGENT_VERSION = "0.1.0"
-CAPABILITIES = ("hardware.inventory", "hardware.telemetry")
+CAPABILITIES = ("hardware.inventory", "hardware.telemetry", "artifact.acquire.v1")

@@ -41,10 +41,16 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
+from schemas.artifacts import ArtifactClaim, CompleteAnswer, CompleteReport, ProgressReport
 from schemas.base import WireModel
 from schemas.errors import ErrorCode
+from schemas.jobs import FailAnswer, FailReport, ProgressAnswer
 from schemas.protocol import (
     ADMIN_HEADER,
+    ARTIFACT_JOB_COMPLETE,
+    ARTIFACT_JOB_FAIL,
+    ARTIFACT_JOB_PROGRESS,
+    ARTIFACT_JOBS_NEXT,
     CORRELATION_HEADER,
     ENROLL,
     HEARTBEAT,
@@ -200,6 +206,26 @@ class ProtocolClient:
     async def put_telemetry(self, report: TelemetryReport) -> IngestResult:
         return await self._call("PUT", TELEMETRY, report, IngestResult)
 
+    async def claim_artifact_job(self) -> ArtifactClaim | None:
+        """The next artifact job and its lease; None when there is nothing to do (204)."""
+        response = await self._send("GET", ARTIFACT_JOBS_NEXT, None)
+        if response.status_code == 204:
+            return None
+        return _parse(ArtifactClaim, response, "GET", ARTIFACT_JOBS_NEXT)
+
+    async def artifact_progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
+        path = ARTIFACT_JOB_PROGRESS.format(job_id=job_id)
+        return await self._call("POST", path, report, ProgressAnswer)
+
+    async def complete_artifact_job(
+        self, job_id: uuid.UUID, report: CompleteReport
+    ) -> CompleteAnswer:
+        path = ARTIFACT_JOB_COMPLETE.format(job_id=job_id)
+        return await self._call("POST", path, report, CompleteAnswer)
+
+    async def fail_artifact_job(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
+        return await self._call("POST", ARTIFACT_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
+
     async def _call(
         self,
         method: str,
@@ -210,8 +236,25 @@ class ProtocolClient:
         authenticated: bool = True,
         extra_headers: dict[str, str] | None = None,
     ) -> Answer:
+        response = await self._send(
+            method, path, body, authenticated=authenticated, extra_headers=extra_headers
+        )
+        return _parse(answer, response, method, path)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: WireModel | None,
+        *,
+        authenticated: bool = True,
+        extra_headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """A 2xx response, or the failure mapped to agent/errors.py."""
         correlation_id = f"agent-{uuid.uuid4().hex}"
-        headers = {"content-type": "application/json", CORRELATION_HEADER: correlation_id}
+        headers = {CORRELATION_HEADER: correlation_id}
+        if body is not None:
+            headers["content-type"] = "application/json"
         headers |= extra_headers or {}
         if authenticated:
             if not self.credential:
@@ -223,16 +266,15 @@ class ProtocolClient:
                     detail="no credential in the state dir",
                 )
             headers["Authorization"] = f"Bearer {self.credential}"
+        content = body.model_dump_json() if body is not None else None
         started = time.monotonic()
         try:
             if self.limiter is None:
-                response = await self.http.request(
-                    method, path, content=body.model_dump_json(), headers=headers
-                )
+                response = await self.http.request(method, path, content=content, headers=headers)
             else:
                 async with self.limiter:
                     response = await self.http.request(
-                        method, path, content=body.model_dump_json(), headers=headers
+                        method, path, content=content, headers=headers
                     )
         except httpx.TransportError as exc:
             failure_class, detail = classify_transport(exc)
@@ -261,19 +303,23 @@ class ProtocolClient:
         )
         if not 200 <= response.status_code < 300:
             raise failure_from_response(method, path, response, correlation_id)
-        try:
-            return answer.model_validate_json(response.content)
-        except ValidationError as exc:
-            # The input may contain the credential (enroll): report only where it failed.
-            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
-            raise Refused(
-                method=method,
-                path=path,
-                failure_class=FailureClass.RESPONSE,
-                status=response.status_code,
-                detail=f"unexpected answer; invalid fields: {', '.join(fields)[:200]}",
-                correlation_id=response.headers.get(CORRELATION_HEADER),
-            ) from None
+        return response
+
+
+def _parse(answer: type[Answer], response: httpx.Response, method: str, path: str) -> Answer:
+    try:
+        return answer.model_validate_json(response.content)
+    except ValidationError as exc:
+        # The input may contain the credential (enroll): report only where it failed.
+        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+        raise Refused(
+            method=method,
+            path=path,
+            failure_class=FailureClass.RESPONSE,
+            status=response.status_code,
+            detail=f"unexpected answer; invalid fields: {', '.join(fields)[:200]}",
+            correlation_id=response.headers.get(CORRELATION_HEADER),
+        ) from None
 
 
 class OperatorClient(ProtocolClient):

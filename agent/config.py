@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from agent.client import TlsOptions
 from agent.errors import ConfigError
+from schemas.base import RootPath
 
 ENV_PREFIX = "MODELFORGE_AGENT_"
 Collector = Literal["nvml", "simulated", "none"]
@@ -56,6 +57,18 @@ class AgentConfig(BaseSettings):
     # Seeds the simulated GPU UUIDs; default: the node id, so they are stable per node.
     simulated_seed: str | None = None
     storage_paths: list[str] = Field(default_factory=lambda: ["/"], max_length=64)
+    # Directories artifact jobs may write into (absolute, normalised). Reported in the
+    # inventory; the control plane refuses a job for any other root.
+    artifact_roots: list[RootPath] = Field(default_factory=list, max_length=16)
+    # Where artifact files come from: a Hub-layout source (the Hub or a mirror), and a
+    # file holding its token, if it needs one. With no artifact_roots no job is claimed.
+    artifact_source_url: str = "https://huggingface.co"
+    artifact_source_token_file: Path | None = None
+    # Claims are polled this often (notifications, when they arrive, only cut latency).
+    job_poll_interval_s: float = Field(default=5.0, gt=0)
+    # A download with no bytes for this long fails the attempt as `stalled`.
+    artifact_stall_s: float = Field(default=30.0, gt=0)
+    artifact_progress_interval_s: float = Field(default=2.0, gt=0)
 
     # None: the interval the server asks for in its answers.
     heartbeat_interval_s: float | None = Field(default=None, gt=0)

@@ -8,11 +8,13 @@ restarting alone will not help, the log line says what the operator should do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from datetime import UTC, datetime
 
+import httpx
 from pydantic import ValidationError
 
 from agent import AGENT_VERSION, CAPABILITIES
@@ -24,6 +26,7 @@ from agent.collectors.simulated import SimulatedCollector
 from agent.config import AgentConfig
 from agent.diagnostics import failure_line
 from agent.errors import (
+    AgentError,
     ConfigError,
     Rejected,
     RequestFailed,
@@ -31,8 +34,12 @@ from agent.errors import (
     Transient,
     advice_for,
 )
+from agent.jobs.artifact import ArtifactSettings
+from agent.jobs.loop import artifact_jobs
+from agent.jobs.wakeups import listen
 from agent.publisher import Publisher, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
+from agent.sources.hub import HubSource
 from agent.state import Identity, Sequences, StateDir
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest
 
@@ -130,7 +137,7 @@ class Agent:
                 node_id=identity.node_id,
                 sequences=Sequences(self.state, block=config.sequence_block),
                 collector=collector,
-                host=LocalHost(config.hostname, config.storage_paths),
+                host=LocalHost(config.hostname, config.storage_paths, config.artifact_roots),
                 timing=timing_of(config),
                 server_heartbeat_interval_s=server_interval,
                 reload_credential=lambda error, generation: self._reload(
@@ -144,7 +151,7 @@ class Agent:
                 collector.name,
             )
             try:
-                error = await publisher.run(stop)
+                error = await self._publish_and_work(client, publisher, stop)
             finally:
                 collector.close()
         if error is None:
@@ -156,6 +163,50 @@ class Agent:
             advice_for(error),
         )
         return EXIT_REJECTED
+
+    async def _publish_and_work(
+        self, client: ProtocolClient, publisher: Publisher, stop: asyncio.Event
+    ) -> AgentError | None:
+        """Publishing, and beside it the job loop when the config offers artifact roots;
+        the job loop ends with the publisher."""
+        config = self.config
+        if not config.artifact_roots:
+            return await publisher.run(stop)
+        done = asyncio.Event()
+        token = (
+            config.artifact_source_token_file.read_text().strip()
+            if config.artifact_source_token_file
+            else None
+        )
+        # Reads wait as long as the stall limit: the job's own per-chunk timeout decides.
+        timeout = httpx.Timeout(config.request_timeout_s, read=config.artifact_stall_s + 5)
+        async with httpx.AsyncClient(timeout=timeout, trust_env=config.trust_env) as source_http:
+            source = HubSource(config.artifact_source_url, token, source_http)
+            settings = ArtifactSettings(
+                roots=list(config.artifact_roots),
+                stall_s=config.artifact_stall_s,
+                progress_interval_s=config.artifact_progress_interval_s,
+            )
+            wake = asyncio.Event()
+            tasks = [
+                asyncio.create_task(
+                    artifact_jobs(
+                        client, source, settings, done, poll_s=config.job_poll_interval_s, wake=wake
+                    )
+                ),
+                asyncio.create_task(listen(client, wake, done)),
+            ]
+            try:
+                return await publisher.run(stop)
+            finally:
+                # A download in progress is abandoned, not finished: its staged part
+                # stays, and the job's next attempt resumes it once the lease expires.
+                done.set()
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     def _resume(self, identity: Identity) -> None:
         logger.info(

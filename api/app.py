@@ -20,6 +20,7 @@ from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
 from api.node_cache import node_cache
+from api.notifications import notification_hub
 from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
@@ -48,6 +49,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             async with (
                 node_cache(settings.database_url) as cache,
+                notification_hub(settings.nats_url) as notifications,
                 heartbeat_buffer(
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
@@ -67,6 +69,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     node_cache=cache,
                     heartbeats=heartbeats,
                     manifests=manifests,
+                    notifications=notifications,
                 )
                 yield
         finally:

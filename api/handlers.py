@@ -33,18 +33,25 @@ def _respond(status: int, body: ErrorBody, headers: dict[str, str] | None = None
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
+def _refusal(
+    request: Request,
+    status: int,
+    code: ErrorCode,
+    message: str,
+    extra: dict[str, object],
+) -> JSONResponse:
+    if status in (401, 403):
+        state_of(request).metrics.auth_failures.labels(code.value).inc()
+    body = ErrorBody(
+        code=code, message=message, correlation_id=current_correlation_id() or "", extra=extra
+    )
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return _respond(status, body, headers)
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    if exc.status_code in (401, 403):
-        state_of(request).metrics.auth_failures.labels(exc.code.value).inc()
-    body = ErrorBody(
-        code=exc.code,
-        message=exc.message,
-        correlation_id=current_correlation_id() or "",
-        extra=exc.extra,
-    )
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-    return _respond(exc.status_code, body, headers)
+    return _refusal(request, exc.status_code, exc.code, exc.message, exc.extra)
 
 
 # The store's refusals (store/errors.py), by class.
@@ -59,15 +66,7 @@ _STORE_STATUS: dict[type[StoreError], int] = {
 async def _store_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StoreError)
     status = next(code for kind, code in _STORE_STATUS.items() if isinstance(exc, kind))
-    if status == 403:
-        state_of(request).metrics.auth_failures.labels(exc.code.value).inc()
-    body = ErrorBody(
-        code=exc.code,
-        message=exc.message,
-        correlation_id=current_correlation_id() or "",
-        extra=exc.extra,
-    )
-    return _respond(status, body)
+    return _refusal(request, status, exc.code, exc.message, exc.extra)
 
 
 def _unparseable() -> JSONResponse:

@@ -12,6 +12,7 @@ from api.heartbeat_buffer import HeartbeatBuffer
 from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.node_cache import NodeCache
+from api.notifications import NotificationHub
 from api.settings import ApiSettings
 from broker.jetstream.names import Names
 from store.leases import LeasePolicy
@@ -28,6 +29,7 @@ class ApiState:
     node_cache: NodeCache
     heartbeats: HeartbeatBuffer
     manifests: ManifestResolver
+    notifications: NotificationHub
 
     @property
     def leases(self) -> LeasePolicy:

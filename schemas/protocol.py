@@ -20,6 +20,9 @@ ARTIFACT_JOBS_NEXT: Final = f"{AGENT_PREFIX}/artifact-jobs/next"
 ARTIFACT_JOB_PROGRESS: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/progress"
 ARTIFACT_JOB_COMPLETE: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/complete"
 ARTIFACT_JOB_FAIL: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/fail"
+# Server-sent events: `event: job` with `{"event": "job.created", "job_id": ...}` when
+# the node has work (or a cancel); comments as keep-alives. A wake-up, never the work.
+NOTIFICATIONS: Final = f"{AGENT_PREFIX}/notifications"
 
 ADMIN_PREFIX: Final = "/api/v1/admin"
 TOKENS: Final = f"{ADMIN_PREFIX}/hardware/enrollment-tokens"

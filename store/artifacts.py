@@ -26,7 +26,7 @@ from schemas.events import EventType
 from schemas.jobs import FailureCode, JobKind, JobState
 from store import changes, leases, nodes
 from store.errors import Invalid, Missing, Refused
-from store.models import Job, NodeArtifact, NodeStream
+from store.models import Job, Node, NodeArtifact, NodeStream
 
 KIND = JobKind.ARTIFACT_ACQUIRE
 MILESTONES = (25, 50, 75)
@@ -45,14 +45,14 @@ async def allowed_roots(session: AsyncSession, node_id: uuid.UUID) -> list[str]:
     return [str(root) for root in roots]
 
 
-async def create(
-    session: AsyncSession, request: CreateArtifactJob, manifest: ArtifactManifest, *, actor: str
-) -> Job:
-    """A queued job for the node, or a refusal: unknown node (404), disabled or
+async def check_schedulable(
+    session: AsyncSession, node_id: uuid.UUID, target_root: str, *, lock: bool = False
+) -> Node:
+    """The node, if a job for it may be created: unknown node (404), disabled or
     decommissioned (409), a root the node does not offer (422)."""
-    node = await nodes.lock(session, request.node_id)
+    node = await (nodes.lock(session, node_id) if lock else session.get(Node, node_id))
     if node is None:
-        raise Missing(f"no node {request.node_id}", code=ErrorCode.NOT_FOUND)
+        raise Missing(f"no node {node_id}", code=ErrorCode.NOT_FOUND)
     if nodes.is_terminal(node) or not node.enabled:
         state = "decommissioned" if nodes.is_terminal(node) else "disabled"
         raise Refused(
@@ -61,13 +61,22 @@ async def create(
             extra={"node_state": state},
         )
     roots = await allowed_roots(session, node.id)
-    if request.target_root not in roots:
+    if target_root not in roots:
         raise Invalid(
             "the target root is not one the node allows (its agent config's artifact_roots,"
             " reported in its inventory)",
             code=ErrorCode.TARGET_ROOT_NOT_ALLOWED,
             extra={"allowed_roots": roots},
         )
+    return node
+
+
+async def create(
+    session: AsyncSession, request: CreateArtifactJob, manifest: ArtifactManifest, *, actor: str
+) -> Job:
+    """A queued job for the node; checked again under the node lock (a disable or a
+    decommission may have committed since the caller's first check)."""
+    node = await check_schedulable(session, request.node_id, request.target_root, lock=True)
     spec = ArtifactSpec(
         repository=manifest.repository,
         commit=manifest.commit,

@@ -113,6 +113,8 @@ def api_factory(
             "port": free_port(),
             "db_pool_size": 20,
             "presence_gap_s": PRESENCE_GAP_S,
+            # Never the real Hub from a test: a closed port unless a test gives its own.
+            "artifact_source_url": "http://127.0.0.1:9",
         }
         values.update(overrides)
         workers: RunningPipeline | None = None

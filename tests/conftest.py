@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.contract_helpers",
     "tests.up_process",
     "tests.worker_processes",
+    "tests.hub_server",
 ]

@@ -51,6 +51,7 @@ def shared_api(
                 port=free_port(),
                 db_pool_size=20,
                 presence_gap_s=PRESENCE_GAP_S,
+                artifact_source_url="http://127.0.0.1:9",
             )
         )
         running.pipeline = pipeline

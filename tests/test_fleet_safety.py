@@ -19,10 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from schemas.protocol import FLEET
 from store.engine import make_engine, make_sessionmaker
 from store.fleet import PartitionBreaker
+from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from tests.api_server import ApiFactory, RunningApi
+from tests.artifact_flows import ROOT, claimed, created, get_job, offer_roots
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import db_fetch
+from workers.leases import expire
 from workers.liveness import sweep
 
 # The presence gap well inside the stale threshold, as in production (5 s and 30 s).
@@ -341,3 +344,48 @@ async def test_concurrent_sweeps_open_one_incident(
     rows = await db_fetch(database_url, "SELECT count(*) AS n FROM fleet_incidents")
     assert rows[0]["n"] == 1
     assert len(await events(database_url, "io.modelforge.fleet.partition_suspected.v1")) == 1
+
+
+@pytest.mark.slow
+async def test_lease_expiry_holds_while_a_partition_is_suspected(
+    api_factory: ApiFactory, sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """A suspected partition holds lease expiry as it holds offline transitions: the
+    cut-off holder's lease is long past due, yet its job stays leased until an operator
+    acknowledges the incident (or it resolves)."""
+    api = api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        restart_grace_s=THRESHOLDS.restart_grace_s,
+        presence_gap_s=THRESHOLDS.presence_gap_s,
+        presence_period_s=0.1,
+        job_lease_s=0.5,
+    )
+    policy = LeasePolicy(lease_s=0.5, retry_base_s=0.0)
+    nodes = enroll_fleet(api, 10)
+    holder = nodes[0]
+    fleet = Fleet(api, nodes)
+    paused = asyncio.Event()
+    async with running(fleet.run, sweeper(sessions, paused)):
+        await until(lambda: all_online(database_url, nodes), 15, "all online")
+        with api.client() as client:
+            offer_roots(client, holder, [ROOT])
+            job_id = created(client, api, holder)
+            claimed(client, holder)
+        fleet.stop(nodes[:5])
+        await until(lambda: _hold(api), 10, "the hold")
+        await asyncio.sleep(1.0)  # twice the lease: due, were it not for the hold
+        assert await expire(sessions, policy) == 0
+        with api.client() as client:
+            assert get_job(client, api, job_id)["state"] == "leased"
+            incident = fleet_safety(api)["open_incident"]
+            acknowledged = client.post(
+                f"{FLEET}/incidents/{incident['id']}/acknowledge",
+                json={"reason": "the rack is really gone"},
+                headers=api.admin_headers,
+            )
+            assert acknowledged.status_code == 200, acknowledged.text
+        assert await expire(sessions, policy) == 1
+        with api.client() as client:
+            view = get_job(client, api, job_id)
+        assert view["state"] == "queued" and view["failure"]["code"] == "lease_expired"

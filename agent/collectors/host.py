@@ -65,7 +65,11 @@ def _volumes(paths: Sequence[str]) -> list[tuple[str, Usage]]:
     return found
 
 
-def host_facts(hostname: str | None = None, storage_paths: Sequence[str] = ("/",)) -> HostFacts:
+def host_facts(
+    hostname: str | None = None,
+    storage_paths: Sequence[str] = ("/",),
+    artifact_roots: Sequence[str] = (),
+) -> HostFacts:
     return HostFacts(
         hostname=reported_hostname(hostname),
         os=_clip(_os_name()),
@@ -74,6 +78,7 @@ def host_facts(hostname: str | None = None, storage_paths: Sequence[str] = ("/",
         cpu_count=min(os.cpu_count() or 0, 65536),
         ram_total_bytes=psutil.virtual_memory().total,
         storage_total_bytes=sum(usage.total for _, usage in _volumes(storage_paths)),
+        artifact_roots=list(artifact_roots),
     )
 
 
@@ -99,12 +104,18 @@ def host_telemetry(storage_paths: Sequence[str] = ("/",)) -> HostTelemetry:
 class LocalHost:
     """This machine, as the agent reports it."""
 
-    def __init__(self, hostname: str | None = None, storage_paths: Sequence[str] = ("/",)):
+    def __init__(
+        self,
+        hostname: str | None = None,
+        storage_paths: Sequence[str] = ("/",),
+        artifact_roots: Sequence[str] = (),
+    ):
         self.hostname = hostname
         self.storage_paths = tuple(storage_paths)
+        self.artifact_roots = tuple(artifact_roots)
 
     def facts(self) -> HostFacts:
-        return host_facts(self.hostname, self.storage_paths)
+        return host_facts(self.hostname, self.storage_paths, self.artifact_roots)
 
     def telemetry(self) -> HostTelemetry:
         return host_telemetry(self.storage_paths)

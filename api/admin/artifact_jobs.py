@@ -98,6 +98,8 @@ async def create_artifact_job(
 ) -> ArtifactJobView:
     """Queue an acquisition for a node. With `resolve`, the control plane resolves the
     revision and patterns into an exact manifest first."""
+    # Refusals first: nothing is asked of the source for a job that cannot be created.
+    await artifacts.check_schedulable(session, body.node_id, body.target_root)
     manifest = body.manifest
     if manifest is None:
         assert body.resolve is not None

@@ -6,10 +6,11 @@ only the current, unexpired lease gets past the fence."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import NodeTransaction
+from api.deps import NodeRequest, NodeTransaction
 from api.errors import error_responses
 from schemas.artifacts import (
     ArtifactClaim,
@@ -19,7 +20,14 @@ from schemas.artifacts import (
 )
 from schemas.errors import ErrorCode
 from schemas.events import node_actor
-from schemas.jobs import REPORTABLE_FAILURES, FailAnswer, FailReport, JobState, ProgressAnswer
+from schemas.jobs import (
+    REPORTABLE_FAILURES,
+    FailAnswer,
+    FailReport,
+    JobState,
+    LeaseFence,
+    ProgressAnswer,
+)
 from schemas.protocol import (
     ARTIFACT_JOB_COMPLETE,
     ARTIFACT_JOB_FAIL,
@@ -28,10 +36,22 @@ from schemas.protocol import (
 )
 from store import artifacts, leases
 from store.errors import Invalid
+from store.models import Job
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
 # A report can also name a job that does not exist (404).
 REPORT = error_responses(404)
+
+
+async def _held(request: NodeRequest, job_id: uuid.UUID, fence: LeaseFence) -> tuple[Job, datetime]:
+    """The job under the caller's current lease (store/leases.py: held), locked."""
+    return await leases.held(
+        request.session,
+        kind=artifacts.KIND,
+        job_id=job_id,
+        node_id=request.node.node_id,
+        fence=fence,
+    )
 
 
 @router.get(
@@ -63,13 +83,7 @@ async def report_artifact_progress(
     job_id: uuid.UUID, body: ProgressReport, request: NodeTransaction
 ) -> ProgressAnswer:
     """Bytes per file; extends the lease. The answer says whether to stop (cancelled)."""
-    job, now = await leases.held(
-        request.session,
-        kind=artifacts.KIND,
-        job_id=job_id,
-        node_id=request.node.node_id,
-        fence=body.lease,
-    )
+    job, now = await _held(request, job_id, body.lease)
     artifacts.record_progress(
         request.session, job, body, now, actor=node_actor(request.node.node_id)
     )
@@ -88,13 +102,7 @@ async def complete_artifact_job(
 ) -> CompleteAnswer:
     """The verified inventory. A match records the artifact on the node; a mismatch
     fails the job (inventory_mismatch): either way the answer is 200 with the outcome."""
-    job, now = await leases.held(
-        request.session,
-        kind=artifacts.KIND,
-        job_id=job_id,
-        node_id=request.node.node_id,
-        fence=body.lease,
-    )
+    job, now = await _held(request, job_id, body.lease)
     mismatches = await artifacts.complete(
         request.session,
         job,
@@ -116,13 +124,7 @@ async def fail_artifact_job(
             f"{body.code.value} is decided by the control plane, not reported",
             code=ErrorCode.VALIDATION_FAILED,
         )
-    job, now = await leases.held(
-        request.session,
-        kind=artifacts.KIND,
-        job_id=job_id,
-        node_id=request.node.node_id,
-        fence=body.lease,
-    )
+    job, now = await _held(request, job_id, body.lease)
     leases.fail(
         request.session,
         job,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.agent import artifact_jobs
+from api.agent import artifact_jobs, notifications
 from api.agent.enrollment import enroll
 from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
@@ -69,3 +69,4 @@ async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestRe
 
 
 router.include_router(artifact_jobs.router)
+router.include_router(notifications.router)

@@ -1,0 +1,1 @@
+"""Typed jobs the agent runs for the control plane (artifact acquisition first)."""

@@ -1,0 +1,1 @@
+"""Where artifact jobs fetch files from (the Hub layout first)."""

@@ -1,0 +1,129 @@
+"""Job notifications, relayed by the API: one NATS subscription per API process, fanned
+out to the held requests of the nodes the jobs belong to.
+
+The workers' relay publishes every job event to JetStream (`modelforge.v1.job.<id>.…`);
+a plain core subscription on those subjects sees each one as it is published. The
+envelope's `nodeid` names the node; `job.created` and `job.cancel_requested` are what a
+node wants to hear about (claim now; stop now). A notification is only a wake-up: it
+carries no work, and a node that missed one (no channel open, NATS down, its queue full)
+still finds the job on its next poll of `…/next`.
+
+The subscription is kept by a background task that reconnects with backoff, so the API
+starts and serves agents while NATS is down; channels then simply stay quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Final
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from schemas.events import SUBJECT_PREFIX, EventType
+
+logger = logging.getLogger("modelforge.api.notifications")
+
+SUBJECTS: Final = f"{SUBJECT_PREFIX}.job.>"
+NOTIFIED: Final = frozenset({EventType.JOB_CREATED.value, EventType.JOB_CANCEL_REQUESTED.value})
+# Per channel: wake-ups beyond this are dropped (one is enough to make the node claim).
+QUEUE_SIZE: Final = 8
+
+
+class NotificationHub:
+    def __init__(self) -> None:
+        self._channels: dict[uuid.UUID, set[asyncio.Queue[str]]] = {}
+        self.connected = False
+        self.delivered = 0
+
+    @property
+    def open_channels(self) -> int:
+        return sum(len(queues) for queues in self._channels.values())
+
+    @contextlib.contextmanager
+    def channel(self, node_id: uuid.UUID) -> Iterator[asyncio.Queue[str]]:
+        queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
+        self._channels.setdefault(node_id, set()).add(queue)
+        try:
+            yield queue
+        finally:
+            queues = self._channels.get(node_id)
+            if queues is not None:
+                queues.discard(queue)
+                if not queues:
+                    del self._channels[node_id]
+
+    def deliver(self, data: bytes) -> None:
+        try:
+            envelope = json.loads(data)
+            action = envelope["action"]
+            node_id = uuid.UUID(envelope["nodeid"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if action not in NOTIFIED:
+            return
+        note = json.dumps(
+            {"event": action, "job_id": envelope.get("data", {}).get("job_id")},
+            separators=(",", ":"),
+        )
+        for queue in self._channels.get(node_id, ()):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(note)
+                self.delivered += 1
+
+    async def _on_message(self, message: Msg) -> None:
+        self.deliver(message.data)
+
+    async def run(self, nats_url: str, stop: asyncio.Event) -> None:
+        """Hold the subscription until `stop`, reconnecting with backoff."""
+        delay = 0.5
+        while not stop.is_set():
+            nc: NatsClient | None = None
+            try:
+                nc = await asyncio.wait_for(
+                    nats.connect(
+                        nats_url,
+                        allow_reconnect=False,
+                        max_reconnect_attempts=1,
+                        connect_timeout=2,
+                        name="modelforge-api-notifications",
+                    ),
+                    5,
+                )
+                await nc.subscribe(SUBJECTS, cb=self._on_message)
+                self.connected = True
+                delay = 0.5
+                logger.info("relaying job notifications from %s", SUBJECTS)
+                while not stop.is_set() and nc.is_connected:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 1.0)
+            except (OSError, TimeoutError, nats.errors.Error) as exc:
+                logger.debug("notifications: NATS unavailable (%s)", type(exc).__name__)
+            finally:
+                if self.connected and not stop.is_set():
+                    logger.warning("job notifications paused: NATS connection lost")
+                self.connected = False
+                if nc is not None and not nc.is_closed:
+                    with contextlib.suppress(Exception):
+                        await nc.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 10.0)
+
+
+@contextlib.asynccontextmanager
+async def notification_hub(nats_url: str) -> AsyncIterator[NotificationHub]:
+    hub = NotificationHub()
+    stop = asyncio.Event()
+    task = asyncio.create_task(hub.run(nats_url, stop))
+    try:
+        yield hub
+    finally:
+        stop.set()
+        await task

@@ -1,0 +1,248 @@
+"""Artifact jobs: notification -> claim latency, download throughput, held channels.
+
+    python ops/bench/jobs.py [--jobs 100 --file-mib 256 --channels 10000]
+
+A fresh stack (embedded PostgreSQL and NATS, one API process, one worker for the relay
+and lease expiry), then:
+
+* **Notification -> claim**: a node holds its notification channel; the operator
+  creates a job; the clock runs from the create's answer until the node's claim came
+  back, woken by the notification. Baseline in the same run: create, then claim at once
+  with no notification in between (the floor of two round trips and the claim). Goal:
+  p99 < 50 ms on loopback.
+* **Download**: one file from a local Hub-layout server (tests/hub_server.py), fetched
+  by the agent's own job code (agent/jobs/artifact.py: stream, digest, stage, promote,
+  report to the real API), against `curl -o` of the same file from the same server to
+  the same disk. Goal: >= 0.9x.
+* **Held channels**: --channels raw connections hold `GET /api/v1/agent/notifications`
+  open; the API's RSS before and after, per channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import fleet  # noqa: E402  (sibling bench module: the stack)
+import heartbeats as hb  # noqa: E402
+
+from agent.client import ProtocolClient  # noqa: E402
+from agent.jobs.artifact import ArtifactJob, ArtifactSettings  # noqa: E402
+from agent.sources.hub import HubSource  # noqa: E402
+from schemas.protocol import (  # noqa: E402
+    ARTIFACT_JOB_FAIL,
+    ARTIFACT_JOBS,
+    ARTIFACT_JOBS_NEXT,
+    INVENTORY,
+    NOTIFICATIONS,
+)
+from tests.hub_server import HubServer  # noqa: E402
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "bench/model"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+async def _node(api_url: str, admin_key: str, root: Path) -> hb.Node:
+    [node] = await hb.enroll_nodes(api_url, admin_key, 1, concurrency=1)
+    body = {
+        "node_id": node.node_id, "sequence": 1, "observed_at": fleet._utc_now(), "complete": True,
+        "host": {"hostname": "bench", "artifact_roots": [str(root)]}, "gpus": [],
+    }  # fmt: skip
+    async with httpx.AsyncClient(base_url=api_url, timeout=10) as client:
+        response = await client.put(
+            INVENTORY, json=body, headers={"Authorization": f"Bearer {node.credential}"}
+        )
+        response.raise_for_status()
+    return node
+
+
+def _manifest(path: str, data: bytes) -> dict[str, Any]:
+    digest = {"algorithm": "sha256", "value": hashlib.sha256(data).hexdigest()}
+    return {"repository": REPO, "commit": COMMIT, "files": [
+        {"path": path, "size": len(data), "digest": digest}]}  # fmt: skip
+
+
+async def notification_latency(
+    api_url: str, admin_key: str, node: hb.Node, root: Path, jobs: int
+) -> tuple[list[float], list[float]]:
+    admin = {"X-ModelForge-Admin-Token": admin_key}
+    auth = {"Authorization": f"Bearer {node.credential}"}
+    body = {"node_id": node.node_id, "target_root": str(root),
+            "manifest": _manifest("x.bin", b"x")}  # fmt: skip
+    claimed: asyncio.Queue[float] = asyncio.Queue()
+    async with (
+        httpx.AsyncClient(base_url=api_url, timeout=10) as operator,
+        httpx.AsyncClient(base_url=api_url, timeout=10) as agent,
+        httpx.AsyncClient(base_url=api_url, timeout=httpx.Timeout(10, read=60)) as channel,
+    ):
+
+        async def finish(claim: dict[str, Any]) -> None:
+            lease = {"lease_id": claim["lease"]["lease_id"], "epoch": claim["lease"]["epoch"]}
+            fail = {"lease": lease, "code": "internal", "retryable": False}
+            path = ARTIFACT_JOB_FAIL.format(job_id=claim["job_id"])
+            (await agent.post(path, json=fail, headers=auth)).raise_for_status()
+
+        async def listen(ready: asyncio.Event) -> None:
+            async with channel.stream("GET", NOTIFICATIONS, headers=auth) as stream:
+                async for line in stream.aiter_lines():
+                    ready.set()
+                    if line == "event: job":
+                        answer = await agent.get(ARTIFACT_JOBS_NEXT, headers=auth)
+                        if answer.status_code == 200:
+                            await claimed.put(time.perf_counter())
+                            await finish(answer.json())
+
+        ready = asyncio.Event()
+        listener = asyncio.create_task(listen(ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        await asyncio.sleep(0.5)
+        notified: list[float] = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            (await operator.post(ARTIFACT_JOBS, json=body, headers=admin)).raise_for_status()
+            notified.append(await asyncio.wait_for(claimed.get(), 10) - started)
+            await asyncio.sleep(0.05)
+        listener.cancel()
+        floor: list[float] = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            (await operator.post(ARTIFACT_JOBS, json=body, headers=admin)).raise_for_status()
+            answer = await agent.get(ARTIFACT_JOBS_NEXT, headers=auth)
+            floor.append(time.perf_counter() - started)
+            await finish(answer.json())
+    return notified, floor
+
+
+async def download(
+    api_url: str, admin_key: str, node: hb.Node, root: Path, hub: HubServer, data: bytes
+) -> float:
+    admin = {"X-ModelForge-Admin-Token": admin_key}
+    body = {"node_id": node.node_id, "target_root": str(root),
+            "manifest": _manifest("weights.bin", data)}  # fmt: skip
+    async with (
+        httpx.AsyncClient(base_url=api_url, timeout=30) as http,
+        httpx.AsyncClient(timeout=httpx.Timeout(30, read=60)) as source_http,
+    ):
+        (await http.post(ARTIFACT_JOBS, json=body, headers=admin)).raise_for_status()
+        client = ProtocolClient(http, node.credential)
+        claim = await client.claim_artifact_job()
+        assert claim is not None
+        job = ArtifactJob(
+            claim, client, HubSource(hub.url, None, source_http), ArtifactSettings([str(root)])
+        )
+        started = time.perf_counter()
+        outcome = await job.run()
+        elapsed = time.perf_counter() - started
+    assert outcome == "completed", outcome
+    return elapsed
+
+
+def curl(hub: HubServer, path: str, out: Path) -> float:
+    url = f"{hub.url}/{REPO}/resolve/{COMMIT}/{path}"
+    result = subprocess.run(
+        ["curl", "-sS", "-o", str(out), "-w", "%{time_total}", url],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return float(result.stdout)
+
+
+async def hold_channels(api_url: str, node: hb.Node, count: int) -> list[asyncio.StreamWriter]:
+    host, port = api_url.removeprefix("http://").split(":")
+    request = (
+        f"GET {NOTIFICATIONS} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {node.credential}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
+    gate = asyncio.Semaphore(100)
+
+    async def one() -> asyncio.StreamWriter:
+        async with gate:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(request)
+            await writer.drain()
+            head = await reader.readuntil(b"connected\n\n")
+            assert b" 200 " in head.split(b"\r\n", 1)[0], head[:100]
+            return writer
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--file-mib", type=int, default=256)
+    parser.add_argument("--channels", type=int, default=10_000)
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hb.ROOT), env.get("PYTHONPATH")]))
+    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-jobs-"))
+    root = workdir / "models"
+    root.mkdir()
+    hub = HubServer().start()
+    data = os.urandom(args.file_mib << 20)
+    hub.state.add(REPO, "main", COMMIT, {"weights.bin": data})
+    try:
+        with fleet.stack(workdir, env) as (api_url, admin_key, _, pids):
+            node = asyncio.run(_node(api_url, admin_key, root))
+            notified, floor = asyncio.run(
+                notification_latency(api_url, admin_key, node, root, args.jobs)
+            )
+            print(
+                f"notification -> claim over {args.jobs} jobs:"
+                f" p50 {pct(notified, 50) * 1e3:.1f} ms,"
+                f" p99 {pct(notified, 99) * 1e3:.1f} ms; create-then-claim floor p50"
+                f" {pct(floor, 50) * 1e3:.1f} ms, p99 {pct(floor, 99) * 1e3:.1f} ms;"
+                f" ratio p50 {statistics.median(notified) / statistics.median(floor):.2f}x"
+            )
+            curl_s = curl(hub, "weights.bin", workdir / "curl.bin")
+            agent_s = asyncio.run(download(api_url, admin_key, node, root, hub, data))
+            mib = args.file_mib
+            print(
+                f"download {mib} MiB: agent {mib / agent_s:.0f} MiB/s (fetch + sha256 + stage +"
+                f" promote + reports) vs curl -o {mib / curl_s:.0f} MiB/s:"
+                f" {curl_s / agent_s:.2f}x"
+            )
+            before = fleet.rss_mib(pids["api"])
+
+            async def channels() -> float:
+                writers = await hold_channels(api_url, node, args.channels)
+                await asyncio.sleep(2)
+                after = fleet.rss_mib(pids["api"])
+                for writer in writers:
+                    writer.close()
+                return after
+
+            after = asyncio.run(channels())
+            print(
+                f"{args.channels} held notification channels: API RSS {before:.0f} ->"
+                f" {after:.0f} MiB ({(after - before) * 1024 / args.channels:.1f} KiB each)"
+            )
+    finally:
+        hub.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Artifact jobs end to end: a real agent process claims through the real API, downloads
+from a real local server that speaks the Hub layout (tests/hub_server.py), verifies,
+promotes and reports; observed through the admin API as an operator would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.protocol import ARTIFACT_JOBS, NODES
+from stack.embedded_nats import EmbeddedNats
+from tests.agent.harness import AgentProcess, admin, identity, new_token, wait_until, write_config
+from tests.api_server import RunningApi
+from tests.artifact_flows import content, file_entry
+from tests.hub_server import HubServer
+from tests.worker_processes import Workers
+
+ApiFactory = Callable[..., RunningApi]
+StartAgent = Callable[..., AgentProcess]
+
+REPO = "acme/tiny-model"
+COMMIT = "00112233445566778899aabbccddeeff00112233"
+FILES = {
+    "config.json": content("config.json", 300),
+    "weights/model.gguf": content("model.gguf", 300_000),
+}
+
+
+@pytest.fixture
+def job_api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(job_lease_s=5, job_retry_base_s=0.2)
+
+
+def start_agent(
+    api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path, **config: Any
+) -> tuple[AgentProcess, str, Path]:
+    """An enrolled agent offering one artifact root: (process, node id, root)."""
+    root = tmp_path / "models"
+    root.mkdir(exist_ok=True)
+    state = tmp_path / "state"
+    settings: dict[str, Any] = {
+        "api_url": api.base_url,
+        "state_dir": str(state),
+        "enrollment_token": new_token(api),
+        "hostname": "gpu-artifacts",
+        "collector": "none",
+        "artifact_roots": [str(root)],
+        "artifact_source_url": hub.url,
+        "job_poll_interval_s": 0.3,
+        "artifact_progress_interval_s": 0.2,
+        "artifact_stall_s": 1.5,
+    }
+    settings.update(config)
+    path = write_config(tmp_path / "agent.yaml", **settings)
+    agent = agents(path)
+    agent.wait_for_log(r"enrolled as node|resuming as node")
+    node_id = identity(state)["node_id"]
+    wait_until(lambda: _offers(api, node_id, str(root)), what="the root in the inventory")
+    return agent, node_id, root
+
+
+def _offers(api: RunningApi, node_id: str, root: str) -> bool:
+    detail = admin(api, "GET", f"{NODES}/{node_id}")
+    inventory = detail.get("inventory") or {}
+    return root in (inventory.get("host") or {}).get("artifact_roots", [])
+
+
+def manifest(files: dict[str, bytes] = FILES) -> dict[str, Any]:
+    return {
+        "repository": REPO,
+        "commit": COMMIT,
+        "files": [file_entry(path, data) for path, data in files.items()],
+    }
+
+
+def create(api: RunningApi, node_id: str, root: Path, **body: Any) -> str:
+    job = admin(
+        api,
+        "POST",
+        ARTIFACT_JOBS,
+        json={"node_id": node_id, "target_root": str(root), "manifest": manifest()} | body,
+    )
+    job_id: str = job["id"]
+    return job_id
+
+
+def ended(api: RunningApi, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        job = admin(api, "GET", f"{ARTIFACT_JOBS}/{job_id}")
+        return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+
+    return wait_until(finished, timeout_s, what=f"job {job_id} to end")
+
+
+def test_a_job_is_fetched_verified_promoted_and_recorded(
+    job_api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    agent, node_id, root = start_agent(job_api, agents, hub, tmp_path)
+    job = ended(job_api, create(job_api, node_id, root))
+    assert job["state"] == "succeeded", job
+    final = root / REPO / COMMIT
+    for path, data in FILES.items():
+        assert (final / path).read_bytes() == data
+    assert not any((root / ".modelforge-staging").glob("*")), "staging is cleaned up"
+    artifacts = admin(job_api, "GET", f"{NODES}/{node_id}/artifacts")["items"]
+    assert [(a["repository"], a["commit"], a["root"]) for a in artifacts] == [
+        (REPO, COMMIT, str(root))
+    ]
+    # The same files again: present with the right digest, so not downloaded again.
+    downloads = len(hub.state.ranges)
+    again = ended(job_api, create(job_api, node_id, root))
+    assert again["state"] == "succeeded"
+    assert len(hub.state.ranges) == downloads
+    agent.wait_for_log(r"job .*: complete")
+
+
+def test_a_resolved_manifest_end_to_end(
+    api_factory: ApiFactory, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    api = api_factory(artifact_source_url=hub.url)
+    _, node_id, root = start_agent(api, agents, hub, tmp_path)
+    job = admin(
+        api,
+        "POST",
+        ARTIFACT_JOBS,
+        json={
+            "node_id": node_id,
+            "target_root": str(root),
+            "resolve": {"repository": REPO, "revision": "main", "patterns": ["weights/*"]},
+        },
+    )
+    assert job["spec"]["commit"] == COMMIT
+    assert ended(api, job["id"])["state"] == "succeeded"
+    assert (root / REPO / COMMIT / "weights/model.gguf").read_bytes() == FILES["weights/model.gguf"]
+    assert not (root / REPO / COMMIT / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("checksum", "checksum_mismatch"),
+        ("missing", "source_not_found"),
+        ("reserve", "insufficient_space"),
+        ("stall", "stalled"),
+    ],
+)
+def test_failures_are_typed_and_leave_nothing_behind(
+    job_api: RunningApi,
+    agents: StartAgent,
+    hub: HubServer,
+    tmp_path: Path,
+    fault: str,
+    code: str,
+) -> None:
+    files = dict(FILES)
+    body: dict[str, Any] = {"max_attempts": 1}
+    if fault == "missing":
+        hub.state.add(REPO, "main", COMMIT, {"config.json": FILES["config.json"]})
+    else:
+        hub.state.add(REPO, "main", COMMIT, files)
+    if fault == "checksum":
+        hub.state.corrupt["weights/model.gguf"] = content("something else", 300_000)
+    if fault == "reserve":
+        body["reserve"] = {"min_free_bytes": 2**62}
+    if fault == "stall":
+        hub.state.stall_after["weights/model.gguf"] = 100_000
+    _, node_id, root = start_agent(job_api, agents, hub, tmp_path)
+    job = ended(job_api, create(job_api, node_id, root, **body))
+    assert job["state"] == "failed", job
+    assert job["failure"]["code"] == code
+    assert not (root / REPO / COMMIT / "weights/model.gguf").exists()
+    if fault != "stall":  # a stall is retryable: its partial file is kept for a resume
+        assert not any((root / ".modelforge-staging").rglob("*.gguf"))
+
+
+def test_an_operator_cancel_stops_the_download(
+    job_api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.throttle["weights/model.gguf"] = 50_000  # six seconds for the file
+    _, node_id, root = start_agent(job_api, agents, hub, tmp_path)
+    job_id = create(job_api, node_id, root)
+    wait_until(
+        lambda: (
+            (admin(job_api, "GET", f"{ARTIFACT_JOBS}/{job_id}").get("progress") or {}).get(
+                "bytes_done", 0
+            )
+            > 0
+        ),
+        what="the download under way",
+    )
+    admin(job_api, "POST", f"{ARTIFACT_JOBS}/{job_id}/cancel")
+    job = ended(job_api, job_id, timeout_s=10)
+    assert job["state"] == "cancelled"
+    assert not (root / REPO / COMMIT).exists()
+    assert not any((root / ".modelforge-staging").rglob("*"))
+
+
+def test_progress_is_visible_with_rate_and_eta(
+    job_api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.throttle["weights/model.gguf"] = 100_000
+    agent, node_id, root = start_agent(job_api, agents, hub, tmp_path)
+    job_id = create(job_api, node_id, root)
+
+    def moving() -> dict[str, Any] | None:
+        progress = admin(job_api, "GET", f"{ARTIFACT_JOBS}/{job_id}").get("progress")
+        return progress if progress and progress.get("bytes_per_s") else None
+
+    progress = wait_until(moving, what="a rate in the admin view")
+    assert 0 < progress["bytes_done"] < progress["bytes_total"] == 300_300
+    assert progress["eta_s"] is not None and progress["eta_s"] > 0
+    agent.wait_for_log(r"bytes, [\d.]+ MB/s, ETA \d+ s")
+    assert ended(job_api, job_id)["state"] == "succeeded"
+
+
+def test_sigkill_mid_download_resumes_after_the_lease_expires(
+    api_factory: ApiFactory,
+    agents: StartAgent,
+    hub: HubServer,
+    tmp_path: Path,
+    workers: Workers,
+    nats_server: EmbeddedNats,
+) -> None:
+    """The agent dies mid-file; a worker expires its lease; the job's next attempt, on
+    the restarted agent, resumes the staged part with a Range request."""
+    workers.env.update(
+        MODELFORGE_JOB_LEASE_S="2",
+        MODELFORGE_JOB_RETRY_BASE_S="0.2",
+        MODELFORGE_LEASE_SWEEP_PERIOD_S="0.2",
+    )
+    workers.start(1)
+    api = api_factory(pipeline=False, nats_url=nats_server.url, job_lease_s=2, job_retry_base_s=0.2)
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.throttle["weights/model.gguf"] = 60_000
+    agent, node_id, root = start_agent(api, agents, hub, tmp_path)
+    job_id = create(api, node_id, root)
+
+    def halfway() -> bool:
+        progress = admin(api, "GET", f"{ARTIFACT_JOBS}/{job_id}").get("progress") or {}
+        return int(progress.get("bytes_done", 0)) > 100_000
+
+    wait_until(halfway, what="a third of the file")
+    agent.kill()
+    hub.state.throttle.clear()
+    agents(tmp_path / "agent.yaml", tmp_path / "agent-restarted.log")
+    job = ended(api, job_id, timeout_s=30)
+    assert job["state"] == "succeeded" and job["attempt"] == 2, job
+    assert (root / REPO / COMMIT / "weights/model.gguf").read_bytes() == FILES["weights/model.gguf"]
+    resumed = [
+        int(value.removeprefix("bytes=").rstrip("-"))
+        for path, value in hub.state.ranges
+        if path == "weights/model.gguf" and value
+    ]
+    assert resumed and resumed[-1] > 100_000, hub.state.ranges

@@ -1,0 +1,116 @@
+"""Job notifications relayed by the API: created through one API process, heard on a
+channel held by another, over the real relay and NATS; only by the node whose job it
+is. Two real `modelforge api` processes on one database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.protocol import ARTIFACT_JOBS, ARTIFACT_JOBS_NEXT, INVENTORY, NOTIFICATIONS
+from tests.api_processes import ADMIN, api_processes, enrolled
+from tests.artifact_flows import MANIFEST, ROOT
+from tests.flows import inventory_body
+from tests.pipeline import RunningPipeline
+
+
+@pytest.fixture
+def two_apis(database_url: str, pipeline: RunningPipeline, tmp_path: Path) -> Iterator[list[str]]:
+    # The relay publishes to the pipeline's NATS: both APIs listen there.
+    assert pipeline.nats_url is not None
+    with api_processes(2, database_url, pipeline.nats_url, tmp_path) as started:
+        yield [url for url, _ in started]
+
+
+def node_offering_roots(operator: httpx.Client, hostname: str) -> tuple[str, str]:
+    node_id, credential = enrolled(operator, hostname)
+    body = inventory_body(node_id, 1, hostname=hostname)
+    body["host"]["artifact_roots"] = [ROOT]
+    auth = {"Authorization": f"Bearer {credential}"}
+    assert operator.put(INVENTORY, json=body, headers=auth).status_code == 200
+    return node_id, credential
+
+
+@contextlib.asynccontextmanager
+async def channel(base_url: str, credential: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+    """The node's held notification request; its `event: job` payloads, in order."""
+    received: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    opened = asyncio.Event()
+
+    async def hold() -> None:
+        # Reads may wait for a keep-alive (15 s) between notifications.
+        timeout = httpx.Timeout(10.0, read=60.0)
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+            headers = {"Authorization": f"Bearer {credential}"}
+            async with client.stream("GET", NOTIFICATIONS, headers=headers) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                event = None
+                async for line in response.aiter_lines():
+                    opened.set()
+                    if line.startswith("event: "):
+                        event = line.removeprefix("event: ")
+                    elif line.startswith("data: ") and event == "job":
+                        await received.put(json.loads(line.removeprefix("data: ")))
+
+    task = asyncio.create_task(hold())
+    await asyncio.wait_for(opened.wait(), 10)
+    try:
+        yield received
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_job_created_through_one_api_wakes_the_node_on_another(
+    two_apis: list[str],
+) -> None:
+    creating, listening = two_apis
+    with httpx.Client(base_url=creating, timeout=10) as operator:
+        node_id, credential = node_offering_roots(operator, "notified")
+        other_id, other_credential = node_offering_roots(operator, "bystander")
+        async with (
+            channel(listening, credential) as mine,
+            channel(listening, other_credential) as theirs,
+        ):
+            # Both channels are registered before the job exists (the relay is fast).
+            await asyncio.sleep(0.5)
+            job = operator.post(
+                ARTIFACT_JOBS,
+                json={"node_id": node_id, "target_root": ROOT, "manifest": MANIFEST},
+                headers=ADMIN,
+            )
+            assert job.status_code == 201, job.text
+            job_id = job.json()["id"]
+            note = await asyncio.wait_for(mine.get(), 10)
+            assert note == {"event": "job.created", "job_id": job_id}
+            # The wake-up leads to the claim, through either API.
+            auth = {"Authorization": f"Bearer {credential}"}
+            with httpx.Client(base_url=listening, timeout=10) as agent:
+                claim = agent.get(ARTIFACT_JOBS_NEXT, headers=auth)
+            assert claim.status_code == 200 and claim.json()["job_id"] == job_id
+            cancel = operator.post(f"{ARTIFACT_JOBS}/{job_id}/cancel", headers=ADMIN)
+            assert cancel.status_code == 200, cancel.text
+            note = await asyncio.wait_for(mine.get(), 10)
+            assert note == {"event": "job.cancel_requested", "job_id": job_id}
+            # The other node heard nothing of it.
+            await asyncio.sleep(0.5)
+            assert theirs.empty()
+    assert other_id != node_id
+
+
+def test_the_channel_refuses_without_a_valid_credential(two_apis: list[str]) -> None:
+    with httpx.Client(base_url=two_apis[1], timeout=10) as client:
+        missing = client.get(NOTIFICATIONS)
+        assert missing.status_code == 401 and missing.json()["code"] == "credential_missing"
+        wrong = client.get(NOTIFICATIONS, headers={"Authorization": "Bearer nonsense"})
+        assert wrong.status_code == 401
+        assert wrong.headers["X-Correlation-ID"]

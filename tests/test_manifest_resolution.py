@@ -1,0 +1,103 @@
+"""Server-resolved manifests (api/manifests.py) against a real local server that speaks
+the Hub layout (tests/hub_server.py): a revision and patterns become an exact commit and
+each file's size and digest, LFS files by SHA-256 and small files by git blob id."""
+
+from __future__ import annotations
+
+import hashlib
+
+from tests.admin_helpers import ok, refused
+from tests.api_server import ApiFactory, RunningApi
+from tests.artifact_flows import content, create_job, node_with_roots
+from tests.hub_server import HubServer, git_blob_id
+
+REPO = "acme/tiny-model"
+COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+FILES = {
+    "config.json": content("config.json", 200),
+    "model-q4.gguf": content("model-q4.gguf", 5000),
+    "model-q8.gguf": content("model-q8.gguf", 9000),
+    "docs/README.md": content("readme", 100),
+}
+
+
+def _api(api_factory: ApiFactory, hub: HubServer, **overrides: object) -> RunningApi:
+    return api_factory(artifact_source_url=hub.url, **overrides)
+
+
+def test_a_revision_and_patterns_resolve_to_exact_files(
+    api_factory: ApiFactory, hub: HubServer
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "revision": "main", "patterns": ["*q4.gguf", "*.json"]}
+        job = ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)
+    assert job["spec"]["commit"] == COMMIT
+    assert job["spec"]["files"] == [
+        {
+            "path": "config.json",
+            "size": 200,
+            "digest": {"algorithm": "git-sha1", "value": git_blob_id(FILES["config.json"])},
+        },
+        {
+            "path": "model-q4.gguf",
+            "size": 5000,
+            "digest": {
+                "algorithm": "sha256",
+                "value": hashlib.sha256(FILES["model-q4.gguf"]).hexdigest(),
+            },
+        },
+    ]
+
+
+def test_what_the_source_cannot_resolve_is_the_operators_422(
+    api_factory: ApiFactory, hub: HubServer
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+
+        def attempt(**resolve: object) -> dict[str, object]:
+            body = {"repository": REPO, "revision": "main", "patterns": ["*.gguf"]} | resolve
+            return refused(
+                create_job(client, api, node, manifest=None, resolve=body),
+                422,
+                "manifest_unresolved",
+            )
+
+        attempt(revision="no-such-branch")
+        attempt(repository="acme/no-such-model")
+        attempt(patterns=["*.safetensors"])
+
+
+def test_a_token_is_sent_and_a_refusal_is_reported(api_factory: ApiFactory, hub: HubServer) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.token = "hub-secret-token"
+    resolve = {"repository": REPO, "revision": "main", "patterns": ["*.gguf"]}
+    without = _api(api_factory, hub)
+    with without.client() as client:
+        node = node_with_roots(client, without)
+        refused(
+            create_job(client, without, node, manifest=None, resolve=resolve),
+            422,
+            "manifest_unresolved",
+        )
+    with_token = _api(api_factory, hub, artifact_source_token="hub-secret-token")
+    with with_token.client() as client:
+        job = ok(create_job(client, with_token, node, manifest=None, resolve=resolve), 201)
+        assert [f["path"] for f in job["spec"]["files"]] == ["model-q4.gguf", "model-q8.gguf"]
+
+
+def test_an_unreachable_source_is_503(api_factory: ApiFactory, hub: HubServer) -> None:
+    url = hub.url
+    hub.stop()
+    api = api_factory(artifact_source_url=url)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "patterns": ["*.gguf"]}
+        refused(
+            create_job(client, api, node, manifest=None, resolve=resolve), 503, "source_unavailable"
+        )
