@@ -126,4 +126,6 @@ async def notification_hub(nats_url: str) -> AsyncIterator[NotificationHub]:
         yield hub
     finally:
         stop.set()
-        await task
+        # A connect attempt in progress (NATS down) is not waited out.
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from schemas.protocol import ARTIFACT_JOBS_NEXT
+from schemas.protocol import ARTIFACT_JOB_FAIL, ARTIFACT_JOBS_NEXT
 from store.engine import make_engine, make_sessionmaker
 from store.leases import LeasePolicy
 from tests.api_server import ApiFactory
@@ -42,7 +42,7 @@ async def test_twenty_concurrent_claims_one_winner(
                 assert winner["job_id"] == job_id and winner["lease"]["epoch"] == 1
                 # Finish it, so the next round's job is the only claimable one.
                 done = admin.post(
-                    f"/api/v1/agent/artifact-jobs/{job_id}/fail",
+                    ARTIFACT_JOB_FAIL.format(job_id=job_id),
                     json={"lease": fence(winner), "code": "internal", "retryable": False},
                     headers=node.headers,
                 )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from agent.errors import Rejected, RequestFailed
+from agent.errors import RequestFailed, Transient
 from agent.jobs.paths import (
     PathNotAllowed,
     allowed_root,
@@ -302,11 +302,18 @@ class ArtifactJob:
     ) -> None:
         staged = Staged(staged_path, file)
         have, hasher = await asyncio.to_thread(staged.resume)
+        if have == file.size:
+            # Staged in full by an earlier attempt: nothing to ask the source for.
+            if hasher.hexdigest() == file.digest.value:
+                self.progress.set(file.path, have)
+                return
+            staged.discard()
+            have, hasher = 0, new_digest(file.digest, file.size)
         self.progress.set(file.path, have)
         since_check = 0
         try:
             async with self.source.open(
-                self.spec.repository, self.spec.commit, file.path, have, self.settings.chunk_bytes
+                self.spec.repository, self.spec.commit, file.path, have
             ) as download:
                 if download.offset != have:  # the source sent the whole file
                     have, hasher = 0, new_digest(file.digest, file.size)
@@ -385,18 +392,19 @@ class ArtifactJob:
                 self.name,
                 self.progress.bytes_done,
                 self.progress.total,
-                f"{rate / 1e6:.1f} MB/s" if rate is not None else "rate unknown",
+                f"{rate / 1e6:.2f} MB/s" if rate is not None else "rate unknown",
                 f"{eta:.0f} s" if eta is not None else "unknown",
             )
             try:
                 answer = await self.reports.artifact_progress(
                     self.claim.job_id, self.progress.report(self.fence)
                 )
-            except Rejected:
-                self.lost.set()  # 409 (lease stale, expired, job ended) or 403/404
-                return
+            except Transient:
+                continue  # the next report may get through before the lease ends
             except RequestFailed:
-                continue  # transient: the next report may get through before the lease ends
+                # 409 (lease stale or expired, job ended), 401/403, 404: not ours now.
+                self.lost.set()
+                return
             if answer.cancel_requested:
                 self.cancelled.set()
 

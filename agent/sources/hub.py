@@ -51,7 +51,7 @@ class HubSource:
 
     @asynccontextmanager
     async def open(
-        self, repository: str, commit: str, path: str, offset: int, chunk_bytes: int
+        self, repository: str, commit: str, path: str, offset: int
     ) -> AsyncIterator[Download]:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         if self._token:
@@ -62,7 +62,9 @@ class HubSource:
             ) as response:
                 _check(response.status_code, path)
                 start = offset if response.status_code == 206 else 0
-                yield Download(start, response.aiter_bytes(chunk_bytes))
+                # As the bytes arrive: a chunk size would hold them back until a whole
+                # chunk is in, and a slow source would look stalled.
+                yield Download(start, response.aiter_raw())
         except httpx.TimeoutException:
             raise SourceFailed(FailureCode.STALLED, True, f"{path}: no data in time") from None
         except httpx.TransportError as exc:

@@ -76,12 +76,17 @@ def manifest(files: dict[str, bytes] = FILES) -> dict[str, Any]:
     }
 
 
+def created(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
+    with api.client() as client:
+        response = client.post(ARTIFACT_JOBS, json=body, headers=api.admin_headers)
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
 def create(api: RunningApi, node_id: str, root: Path, **body: Any) -> str:
-    job = admin(
-        api,
-        "POST",
-        ARTIFACT_JOBS,
-        json={"node_id": node_id, "target_root": str(root), "manifest": manifest()} | body,
+    job = created(
+        api, {"node_id": node_id, "target_root": str(root), "manifest": manifest()} | body
     )
     job_id: str = job["id"]
     return job_id
@@ -124,11 +129,9 @@ def test_a_resolved_manifest_end_to_end(
     hub.state.add(REPO, "main", COMMIT, FILES)
     api = api_factory(artifact_source_url=hub.url)
     _, node_id, root = start_agent(api, agents, hub, tmp_path)
-    job = admin(
+    job = created(
         api,
-        "POST",
-        ARTIFACT_JOBS,
-        json={
+        {
             "node_id": node_id,
             "target_root": str(root),
             "resolve": {"repository": REPO, "revision": "main", "patterns": ["weights/*"]},
@@ -166,7 +169,7 @@ def test_failures_are_typed_and_leave_nothing_behind(
     if fault == "checksum":
         hub.state.corrupt["weights/model.gguf"] = content("something else", 300_000)
     if fault == "reserve":
-        body["reserve"] = {"min_free_bytes": 2**62}
+        body["reserve"] = {"min_free_bytes": 2**52}  # 4 PiB must stay free
     if fault == "stall":
         hub.state.stall_after["weights/model.gguf"] = 100_000
     _, node_id, root = start_agent(job_api, agents, hub, tmp_path)
@@ -198,7 +201,8 @@ def test_an_operator_cancel_stops_the_download(
     job = ended(job_api, job_id, timeout_s=10)
     assert job["state"] == "cancelled"
     assert not (root / REPO / COMMIT).exists()
-    assert not any((root / ".modelforge-staging").rglob("*"))
+    left = list((root / ".modelforge-staging").rglob("*"))
+    assert not left, left
 
 
 def test_progress_is_visible_with_rate_and_eta(
