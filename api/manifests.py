@@ -27,8 +27,9 @@ from schemas.artifacts import (
     ArtifactFile,
     ArtifactManifest,
     DigestAlgorithm,
-    FileDigest,
+    GitBlobDigest,
     ManifestRequest,
+    Sha256Digest,
 )
 from schemas.errors import ErrorCode
 
@@ -125,10 +126,12 @@ def _file(item: object) -> ArtifactFile | None:
     lfs = item.get("lfs")
     try:
         if isinstance(lfs, dict):
-            digest = FileDigest(algorithm=DigestAlgorithm.SHA256, value=str(lfs.get("oid")))
+            digest: Sha256Digest | GitBlobDigest = Sha256Digest(
+                algorithm=DigestAlgorithm.SHA256, value=str(lfs.get("oid"))
+            )
             size = lfs.get("size")
         else:
-            digest = FileDigest(algorithm=DigestAlgorithm.GIT_SHA1, value=str(item.get("oid")))
+            digest = GitBlobDigest(algorithm=DigestAlgorithm.GIT_SHA1, value=str(item.get("oid")))
             size = item.get("size")
         return ArtifactFile(path=item.get("path"), size=size, digest=digest)
     except ValidationError:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, Strict, field_validator, model_validator
+from pydantic import Discriminator, Field, Strict, Tag, field_validator
 
 from schemas.base import Count, FilePath, Number, RootPath, WireModel
 from schemas.jobs import Attempts, JobFailure, JobState, Lease, LeaseFence
@@ -48,20 +48,17 @@ class DigestAlgorithm(StrEnum):
     GIT_SHA1 = "git-sha1"
 
 
-DIGEST_LENGTHS: Final = {DigestAlgorithm.SHA256: 64, DigestAlgorithm.GIT_SHA1: 40}
+class Sha256Digest(WireModel):
+    algorithm: Literal[DigestAlgorithm.SHA256]
+    value: Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
 
 
-class FileDigest(WireModel):
-    algorithm: DigestAlgorithm
-    value: Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")]
+class GitBlobDigest(WireModel):
+    algorithm: Literal[DigestAlgorithm.GIT_SHA1]
+    value: Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{40}$")]
 
-    @model_validator(mode="after")
-    def _length_matches(self) -> FileDigest:
-        if len(self.value) != DIGEST_LENGTHS[self.algorithm]:
-            raise ValueError(
-                f"a {self.algorithm.value} digest is {DIGEST_LENGTHS[self.algorithm]} hex digits"
-            )
-        return self
+
+FileDigest = Annotated[Sha256Digest | GitBlobDigest, Field(discriminator="algorithm")]
 
 
 class ArtifactFile(WireModel):
@@ -82,7 +79,10 @@ class ArtifactManifest(WireModel):
 
     repository: Repository
     commit: CommitId
-    files: Annotated[list[ArtifactFile], Field(min_length=1, max_length=MAX_FILES)]
+    files: Annotated[
+        list[ArtifactFile],
+        Field(min_length=1, max_length=MAX_FILES, description="paths are unique"),
+    ]
 
     _unique = field_validator("files")(_unique_paths)
 
@@ -101,22 +101,43 @@ class ReservePolicy(WireModel):
     min_free_bytes: Count = 0
 
 
-class CreateArtifactJob(WireModel):
+class JobTarget(WireModel):
+    """Where and for whom: what every way of creating a job says."""
+
     node_id: uuid.UUID
     target_root: Annotated[
         RootPath, Field(description="one of the roots the node reports as allowed")
     ]
     reserve: ReservePolicy = Field(default_factory=ReservePolicy)
     max_attempts: Attempts = 3
-    # Exactly one of the two.
-    manifest: ArtifactManifest | None = None
-    resolve: ManifestRequest | None = None
 
-    @model_validator(mode="after")
-    def _one_source(self) -> CreateArtifactJob:
-        if (self.manifest is None) == (self.resolve is None):
-            raise ValueError("give exactly one of manifest (exact) or resolve (by revision)")
-        return self
+
+class CreateFromManifest(JobTarget):
+    """Exact: the commit and every file's size and digest are given."""
+
+    manifest: ArtifactManifest
+
+
+class CreateByRevision(JobTarget):
+    """Resolved by the control plane from the source before the job is stored."""
+
+    resolve: ManifestRequest
+
+
+def _which_source(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if "manifest" in value:
+            return "manifest"
+        return "resolve" if "resolve" in value else None
+    return "manifest" if isinstance(value, CreateFromManifest) else "resolve"
+
+
+# Exactly one of the two: the key present picks the form (so a refusal names that form's
+# problem, not the other's), and each form refuses the other's key.
+CreateArtifactJob = Annotated[
+    Annotated[CreateFromManifest, Tag("manifest")] | Annotated[CreateByRevision, Tag("resolve")],
+    Discriminator(_which_source),
+]
 
 
 class ArtifactSpec(WireModel):
@@ -144,7 +165,10 @@ class CompleteReport(WireModel):
     """The verified inventory: what is now at `{root}/{repository}/{commit}/…`."""
 
     lease: LeaseFence
-    files: Annotated[list[ArtifactFile], Field(min_length=1, max_length=MAX_FILES)]
+    files: Annotated[
+        list[ArtifactFile],
+        Field(min_length=1, max_length=MAX_FILES, description="paths are unique"),
+    ]
 
     _unique = field_validator("files")(_unique_paths)
 

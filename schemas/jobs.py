@@ -78,11 +78,20 @@ class FailureCode(StrEnum):
     INVENTORY_MISMATCH = "inventory_mismatch"
 
 
-# What a node may report in …/fail; the rest are the control plane's own verdicts.
-REPORTABLE_FAILURES: Final = frozenset(FailureCode) - {
-    FailureCode.LEASE_EXPIRED,
-    FailureCode.INVENTORY_MISMATCH,
-}
+class ReportedFailure(StrEnum):
+    """What a node may report in …/fail: every FailureCode but the control plane's own
+    verdicts (lease_expired, inventory_mismatch)."""
+
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    SIZE_MISMATCH = "size_mismatch"
+    INSUFFICIENT_SPACE = "insufficient_space"
+    SOURCE_UNAVAILABLE = "source_unavailable"
+    SOURCE_NOT_FOUND = "source_not_found"
+    SOURCE_UNAUTHORIZED = "source_unauthorized"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    STALLED = "stalled"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
 
 
 class JobFailure(WireModel):
@@ -93,10 +102,7 @@ class JobFailure(WireModel):
 
 class FailReport(WireModel):
     lease: LeaseFence
-    code: Annotated[
-        FailureCode,
-        Field(description="any code but lease_expired and inventory_mismatch"),
-    ]
+    code: ReportedFailure
     # Whether another attempt may help (a flaky source: yes; a checksum the source
     # keeps serving wrong: no). Bounded by the job's max_attempts either way.
     retryable: Flag

@@ -18,7 +18,7 @@ from schemas.artifacts import (
     ArtifactManifest,
     ArtifactSpec,
     CompleteReport,
-    CreateArtifactJob,
+    JobTarget,
     ProgressReport,
 )
 from schemas.errors import ErrorCode
@@ -72,7 +72,7 @@ async def check_schedulable(
 
 
 async def create(
-    session: AsyncSession, request: CreateArtifactJob, manifest: ArtifactManifest, *, actor: str
+    session: AsyncSession, request: JobTarget, manifest: ArtifactManifest, *, actor: str
 ) -> Job:
     """A queued job for the node; checked again under the node lock (a disable or a
     decommission may have committed since the caller's first check)."""

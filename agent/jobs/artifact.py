@@ -96,7 +96,7 @@ class LeaseLost(Exception):
 
 
 def new_digest(digest: FileDigest, size: int) -> hashlib._Hash:
-    if digest.algorithm is DigestAlgorithm.SHA256:
+    if digest.algorithm == DigestAlgorithm.SHA256:
         return hashlib.sha256()
     blob = hashlib.sha1(usedforsecurity=False)
     blob.update(b"blob %d\0" % size)

@@ -20,6 +20,7 @@ from schemas.artifacts import (
     ArtifactJobView,
     ArtifactProgressView,
     CreateArtifactJob,
+    CreateFromManifest,
     LeaseView,
     NodeArtifact,
     NodeArtifactList,
@@ -100,9 +101,9 @@ async def create_artifact_job(
     revision and patterns into an exact manifest first."""
     # Refusals first: nothing is asked of the source for a job that cannot be created.
     await artifacts.check_schedulable(session, body.node_id, body.target_root)
-    manifest = body.manifest
-    if manifest is None:
-        assert body.resolve is not None
+    if isinstance(body, CreateFromManifest):
+        manifest = body.manifest
+    else:
         manifest = await state.manifests.resolve(body.resolve)
     job = await artifacts.create(session, body, manifest, actor=OPERATOR_ACTOR)
     return job_view(job)

@@ -18,12 +18,11 @@ from schemas.artifacts import (
     CompleteReport,
     ProgressReport,
 )
-from schemas.errors import ErrorCode
 from schemas.events import node_actor
 from schemas.jobs import (
-    REPORTABLE_FAILURES,
     FailAnswer,
     FailReport,
+    FailureCode,
     JobState,
     LeaseFence,
     ProgressAnswer,
@@ -35,7 +34,6 @@ from schemas.protocol import (
     ARTIFACT_JOBS_NEXT,
 )
 from store import artifacts, leases
-from store.errors import Invalid
 from store.models import Job
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
@@ -119,18 +117,13 @@ async def fail_artifact_job(
     job_id: uuid.UUID, body: FailReport, request: NodeTransaction
 ) -> FailAnswer:
     """A typed failure. Retried with backoff while it may help and attempts remain."""
-    if body.code not in REPORTABLE_FAILURES:
-        raise Invalid(
-            f"{body.code.value} is decided by the control plane, not reported",
-            code=ErrorCode.VALIDATION_FAILED,
-        )
     job, now = await _held(request, job_id, body.lease)
     leases.fail(
         request.session,
         job,
         now,
         request.state.leases,
-        code=body.code,
+        code=FailureCode(body.code.value),
         retryable=body.retryable,
         detail=body.detail,
         actor=node_actor(request.node.node_id),
