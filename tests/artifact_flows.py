@@ -79,8 +79,10 @@ def offer_roots(
 def create_job(
     client: httpx.Client, api: RunningApi, node: EnrolledNode, **overrides: Any
 ) -> httpx.Response:
+    """An override of None leaves that field out (e.g. manifest=None, resolve=...)."""
     body: dict[str, Any] = {"node_id": node.node_id, "target_root": ROOT, "manifest": MANIFEST}
     body.update(overrides)
+    body = {key: value for key, value in body.items() if value is not None}
     return client.post(ARTIFACT_JOBS, json=body, headers=api.admin_headers)
 
 

@@ -52,7 +52,14 @@ from schemas.artifacts import (
     FileProgress,
     ProgressReport,
 )
-from schemas.jobs import FailAnswer, FailReport, FailureCode, LeaseFence, ProgressAnswer
+from schemas.jobs import (
+    FailAnswer,
+    FailReport,
+    FailureCode,
+    JobState,
+    LeaseFence,
+    ProgressAnswer,
+)
 
 logger = logging.getLogger("modelforge.agent.jobs")
 
@@ -427,7 +434,11 @@ class ArtifactJob:
             detail=failure.detail[:500],
         )
         try:
-            await self.reports.fail_artifact_job(self.claim.job_id, report)
+            answer = await self.reports.fail_artifact_job(self.claim.job_id, report)
         except RequestFailed as exc:
             logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
+            return failure.code.value
+        if answer.state != JobState.QUEUED:
+            # No attempt follows (the last one, or cancelled): nothing to resume.
+            self._remove_staging()
         return failure.code.value

@@ -177,8 +177,8 @@ def test_failures_are_typed_and_leave_nothing_behind(
     assert job["state"] == "failed", job
     assert job["failure"]["code"] == code
     assert not (root / REPO / COMMIT / "weights/model.gguf").exists()
-    if fault != "stall":  # a stall is retryable: its partial file is kept for a resume
-        assert not any((root / ".modelforge-staging").rglob("*.gguf"))
+    # Even a retryable failure (stall) on the last attempt: nothing is left to resume.
+    assert not any((root / ".modelforge-staging").rglob("*.gguf"))
 
 
 def test_an_operator_cancel_stops_the_download(
