@@ -14,7 +14,6 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-import httpx
 from pydantic import ValidationError
 
 from agent import AGENT_VERSION, CAPABILITIES
@@ -39,7 +38,7 @@ from agent.jobs.loop import artifact_jobs
 from agent.jobs.wakeups import listen
 from agent.publisher import Publisher, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
-from agent.sources.hub import HubSource
+from agent.sources.hub import HubSource, source_session
 from agent.state import Identity, Sequences, StateDir
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest
 
@@ -178,10 +177,13 @@ class Agent:
             if config.artifact_source_token_file
             else None
         )
-        # Reads wait as long as the stall limit: the job's own per-chunk timeout decides.
-        timeout = httpx.Timeout(config.request_timeout_s, read=config.artifact_stall_s + 5)
-        async with httpx.AsyncClient(timeout=timeout, trust_env=config.trust_env) as source_http:
-            source = HubSource(config.artifact_source_url, token, source_http)
+        session = source_session(
+            stall_s=config.artifact_stall_s,
+            connect_timeout_s=config.request_timeout_s,
+            trust_env=config.trust_env,
+        )
+        async with session:
+            source = HubSource(config.artifact_source_url, token, session)
             settings = ArtifactSettings(
                 roots=list(config.artifact_roots),
                 stall_s=config.artifact_stall_s,

@@ -50,6 +50,16 @@ def _cached(state: ApiState, presented: security.PresentedSecret | None) -> Cach
     return state.node_cache.lookup(presented)
 
 
+async def node_outside_transaction(state: ApiState, authorization: str | None) -> AuthenticatedNode:
+    """The node of a request that holds no transaction (the notification channel):
+    from the node cache, or one short transaction of its own."""
+    cached = _cached(state, presented_credential(authorization))
+    if cached is not None:
+        return admit_cached(cached, state.heartbeats.database_now())
+    async with state.sessions() as session, session.begin():
+        return await authenticate_node(session, authorization, serialize=False)
+
+
 async def _node_transaction(
     state: State, authorization: Annotated[str | None, Header()] = None
 ) -> AsyncIterator[NodeRequest]:

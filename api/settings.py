@@ -63,6 +63,10 @@ class ApiSettings(LeaseSettings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
+    # The notification channel (api/agent/notifications.py) re-authenticates its node
+    # at every keep-alive: a revoked, disabled or decommissioned node's channel closes
+    # within this. Below the agent's read timeout for the channel (40 s).
+    notification_keepalive_s: float = Field(default=15.0, gt=0, lt=40)
     # Server-resolved artifact manifests (api/manifests.py): a Hub-layout source.
     artifact_source_url: str = "https://huggingface.co"
     artifact_source_token: SecretStr | None = None

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Final
 
-from pydantic import BeforeValidator, Field, Strict
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
 
 from schemas.base import SAFE_INT_MAX, Flag, Note, WireModel, json_integer
 
@@ -78,20 +78,29 @@ class FailureCode(StrEnum):
     INVENTORY_MISMATCH = "inventory_mismatch"
 
 
-class ReportedFailure(StrEnum):
-    """What a node may report in …/fail: every FailureCode but the control plane's own
-    verdicts (lease_expired, inventory_mismatch)."""
+# Decided by the control plane, never reported by a node.
+VERDICTS: Final = frozenset({FailureCode.LEASE_EXPIRED, FailureCode.INVENTORY_MISMATCH})
 
-    CHECKSUM_MISMATCH = "checksum_mismatch"
-    SIZE_MISMATCH = "size_mismatch"
-    INSUFFICIENT_SPACE = "insufficient_space"
-    SOURCE_UNAVAILABLE = "source_unavailable"
-    SOURCE_NOT_FOUND = "source_not_found"
-    SOURCE_UNAUTHORIZED = "source_unauthorized"
-    PATH_NOT_ALLOWED = "path_not_allowed"
-    STALLED = "stalled"
-    CANCELLED = "cancelled"
-    INTERNAL = "internal"
+
+def _reported(code: FailureCode) -> FailureCode:
+    if code in VERDICTS:
+        raise ValueError(f"{code.value} is the control plane's verdict, not a node's report")
+    return code
+
+
+# What a node may report in …/fail: every FailureCode but the control plane's verdicts
+# (and the OpenAPI document lists exactly those).
+ReportedFailure = Annotated[
+    FailureCode,
+    AfterValidator(_reported),
+    WithJsonSchema(
+        {
+            "title": "ReportedFailure",
+            "type": "string",
+            "enum": [code.value for code in FailureCode if code not in VERDICTS],
+        }
+    ),
+]
 
 
 class JobFailure(WireModel):

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from agent.processes import start_process, stop_process
-from schemas.protocol import ENROLL, TOKENS
+from schemas.protocol import ENROLL, NODES, TOKENS
 from stack.ports import free_port
 from tests.api_server import OPERATOR_KEY
 from tests.flows import enroll_body
@@ -72,3 +72,23 @@ def enrolled(operator: httpx.Client, hostname: str) -> tuple[str, str]:
     response = operator.post(ENROLL, json=enroll_body(token.json()["secret"], hostname))
     assert response.status_code == 201, response.text
     return response.json()["node_id"], response.json()["credential"]
+
+
+# The three ways an operator takes a node's standing away, and what its agent then gets.
+REFUSALS = [
+    ("revoke", 401, "credential_revoked"),
+    ("disable", 403, "node_disabled"),
+    ("decommission", 401, "node_decommissioned"),
+]
+
+
+def refuse(operator: httpx.Client, node_id: str, change: str) -> None:
+    """Revoke the node's credential, disable it, or decommission it (REFUSALS)."""
+    if change == "revoke":
+        response = operator.post(f"{NODES}/{node_id}/credential/revoke", headers=ADMIN)
+    elif change == "disable":
+        response = operator.patch(f"{NODES}/{node_id}", json={"enabled": False}, headers=ADMIN)
+    else:
+        body = {"confirm_node_id": node_id, "reason": "test"}
+        response = operator.post(f"{NODES}/{node_id}/decommission", json=body, headers=ADMIN)
+    assert response.status_code == 200, response.text

@@ -116,10 +116,12 @@ def api_factory(
             # Never the real Hub from a test: a closed port unless a test gives its own.
             "artifact_source_url": "http://127.0.0.1:9",
         }
-        values.update(overrides)
         workers: RunningPipeline | None = None
-        if pipeline and values["database_url"] == database_url:
+        if pipeline and overrides.get("database_url", database_url) == database_url:
             workers = request.getfixturevalue("pipeline")
+            # The NATS the relay publishes to: the API's job notifications come from it.
+            values["nats_url"] = workers.nats_url
+        values.update(overrides)
         running = start_api(ApiSettings(**values))
         running.pipeline = workers
         started.append(running)

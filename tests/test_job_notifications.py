@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,22 @@ import httpx
 import pytest
 
 from schemas.protocol import ARTIFACT_JOBS, ARTIFACT_JOBS_NEXT, INVENTORY, NOTIFICATIONS
-from tests.api_processes import ADMIN, api_processes, enrolled
+from tests.api_processes import ADMIN, REFUSALS, api_processes, enrolled, refuse
 from tests.artifact_flows import MANIFEST, ROOT
 from tests.flows import inventory_body
 from tests.pipeline import RunningPipeline
+
+KEEPALIVE_S = 0.5
 
 
 @pytest.fixture
 def two_apis(database_url: str, pipeline: RunningPipeline, tmp_path: Path) -> Iterator[list[str]]:
     # The relay publishes to the pipeline's NATS: both APIs listen there.
     assert pipeline.nats_url is not None
-    with api_processes(2, database_url, pipeline.nats_url, tmp_path) as started:
+    # A short keep-alive: a refused node's channel closes within it.
+    with api_processes(
+        2, database_url, pipeline.nats_url, tmp_path, notification_keepalive_s=str(KEEPALIVE_S)
+    ) as started:
         yield [url for url, _ in started]
 
 
@@ -38,14 +44,20 @@ def node_offering_roots(operator: httpx.Client, hostname: str) -> tuple[str, str
     return node_id, credential
 
 
+@dataclass
+class Channel:
+    notes: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # by the server
+
+
 @contextlib.asynccontextmanager
-async def channel(base_url: str, credential: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+async def channel(base_url: str, credential: str) -> AsyncIterator[Channel]:
     """The node's held notification request; its `event: job` payloads, in order."""
-    received: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    opened = asyncio.Event()
+    held = Channel()
 
     async def hold() -> None:
-        # Reads may wait for a keep-alive (15 s) between notifications.
+        # Reads may wait for a keep-alive between notifications.
         timeout = httpx.Timeout(10.0, read=60.0)
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
             headers = {"Authorization": f"Bearer {credential}"}
@@ -54,16 +66,17 @@ async def channel(base_url: str, credential: str) -> AsyncIterator[asyncio.Queue
                 assert response.headers["content-type"].startswith("text/event-stream")
                 event = None
                 async for line in response.aiter_lines():
-                    opened.set()
+                    held.opened.set()
                     if line.startswith("event: "):
                         event = line.removeprefix("event: ")
                     elif line.startswith("data: ") and event == "job":
-                        await received.put(json.loads(line.removeprefix("data: ")))
+                        await held.notes.put(json.loads(line.removeprefix("data: ")))
+        held.closed.set()
 
     task = asyncio.create_task(hold())
-    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.wait_for(held.opened.wait(), 10)
     try:
-        yield received
+        yield held
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -90,7 +103,7 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             )
             assert job.status_code == 201, job.text
             job_id = job.json()["id"]
-            note = await asyncio.wait_for(mine.get(), 10)
+            note = await asyncio.wait_for(mine.notes.get(), 10)
             assert note == {"event": "job.created", "job_id": job_id}
             # The wake-up leads to the claim, through either API.
             auth = {"Authorization": f"Bearer {credential}"}
@@ -99,11 +112,11 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             assert claim.status_code == 200 and claim.json()["job_id"] == job_id
             cancel = operator.post(f"{ARTIFACT_JOBS}/{job_id}/cancel", headers=ADMIN)
             assert cancel.status_code == 200, cancel.text
-            note = await asyncio.wait_for(mine.get(), 10)
+            note = await asyncio.wait_for(mine.notes.get(), 10)
             assert note == {"event": "job.cancel_requested", "job_id": job_id}
             # The other node heard nothing of it.
             await asyncio.sleep(0.5)
-            assert theirs.empty()
+            assert theirs.notes.empty()
     assert other_id != node_id
 
 
@@ -114,3 +127,21 @@ def test_the_channel_refuses_without_a_valid_credential(two_apis: list[str]) -> 
         wrong = client.get(NOTIFICATIONS, headers={"Authorization": "Bearer nonsense"})
         assert wrong.status_code == 401
         assert wrong.headers["X-Correlation-ID"]
+
+
+@pytest.mark.parametrize("change", [change for change, _, _ in REFUSALS])
+async def test_a_refused_nodes_channel_closes_within_a_keepalive(
+    two_apis: list[str], change: str
+) -> None:
+    creating, listening = two_apis
+    with httpx.Client(base_url=creating, timeout=10) as operator:
+        node_id, credential = node_offering_roots(operator, f"refused-{change}")
+        async with channel(listening, credential) as held:
+            # Open across several keep-alives while the node is in good standing.
+            await asyncio.sleep(KEEPALIVE_S * 3)
+            assert not held.closed.is_set()
+            refuse(operator, node_id, change)
+            await asyncio.wait_for(held.closed.wait(), KEEPALIVE_S * 4)
+        with httpx.Client(base_url=listening, timeout=10) as agent:
+            again = agent.get(NOTIFICATIONS, headers={"Authorization": f"Bearer {credential}"})
+        assert again.status_code in (401, 403), again.text

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from schemas.protocol import HEARTBEAT, NODES, TELEMETRY
-from tests.api_processes import ADMIN, api_processes, enrolled, routine_heartbeats
+from schemas.protocol import HEARTBEAT, TELEMETRY
+from tests.api_processes import REFUSALS, api_processes, enrolled, refuse, routine_heartbeats
 from tests.flows import heartbeat_body, telemetry_body
 
 BOUND_S = 1.0
@@ -55,11 +55,7 @@ def refused_within(
 @pytest.mark.parametrize("route", [HEARTBEAT, TELEMETRY], ids=["heartbeat", "telemetry"])
 @pytest.mark.parametrize(
     ("change", "status", "code"),
-    [
-        ("revoke", 401, "credential_revoked"),
-        ("disable", 403, "node_disabled"),
-        ("decommission", 401, "node_decommissioned"),
-    ],
+    REFUSALS,
 )
 def test_every_api_process_refuses_within_a_second(
     two_apis: list[str], route: str, change: str, status: int, code: str
@@ -76,16 +72,5 @@ def test_every_api_process_refuses_within_a_second(
             ok = agent.post(HEARTBEAT, json=heartbeat_body(node_id), headers=headers)
             assert ok.status_code == 200, ok.text
             time.sleep(0.05)
-        act: Callable[[], httpx.Response] = {
-            "revoke": lambda: operator.post(f"{NODES}/{node_id}/credential/revoke", headers=ADMIN),
-            "disable": lambda: operator.patch(
-                f"{NODES}/{node_id}", json={"enabled": False}, headers=ADMIN
-            ),
-            "decommission": lambda: operator.post(
-                f"{NODES}/{node_id}/decommission",
-                json={"confirm_node_id": node_id, "reason": "test"},
-                headers=ADMIN,
-            ),
-        }[change]
-        assert act().status_code == 200
+        refuse(operator, node_id, change)
         assert refused_within(agent, credential, node_id, route, status, code) < BOUND_S

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import errno
 import logging
-import os
 import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from agent.errors import RequestFailed, Transient
+from agent.jobs.lanes import Lanes
 from agent.jobs.paths import (
     PathNotAllowed,
     allowed_root,
@@ -41,14 +41,13 @@ from agent.jobs.paths import (
     no_symlinks_below,
     staging_dir,
 )
-from agent.sources.hub import HubSource, SourceFailed
+from agent.jobs.staging import Staged, present, promote
+from agent.sources.hub import Download, HubSource, SourceFailed
 from schemas.artifacts import (
     ArtifactClaim,
     ArtifactFile,
     CompleteAnswer,
     CompleteReport,
-    DigestAlgorithm,
-    FileDigest,
     FileProgress,
     ProgressReport,
 )
@@ -70,6 +69,9 @@ class ArtifactSettings:
     stall_s: float = 30.0
     progress_interval_s: float = 2.0
     chunk_bytes: int = 1 << 20
+    # Received bytes go to disk and to the digest in blocks of this size, each in its
+    # own worker thread while the next blocks arrive (agent/jobs/lanes.py).
+    block_bytes: int = 1 << 20
     # Free space is checked again after every this many bytes written.
     reserve_check_bytes: int = 64 << 20
 
@@ -100,78 +102,6 @@ class Cancelled(Exception):
 
 class LeaseLost(Exception):
     """The control plane no longer takes reports under this lease: stop, keep partials."""
-
-
-def new_digest(digest: FileDigest, size: int) -> hashlib._Hash:
-    if digest.algorithm == DigestAlgorithm.SHA256:
-        return hashlib.sha256()
-    blob = hashlib.sha1(usedforsecurity=False)
-    blob.update(b"blob %d\0" % size)
-    return blob
-
-
-def _hash_file(path: Path, digest: FileDigest, size: int, chunk: int) -> str:
-    hasher = new_digest(digest, size)
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
-def _present(target: Path, file: ArtifactFile, chunk: int) -> bool:
-    """Already promoted, with the right size and digest (then it is not fetched again)."""
-    if not target.is_file() or target.stat().st_size != file.size:
-        return False
-    return _hash_file(target, file.digest, file.size, chunk) == file.digest.value
-
-
-def _promote(moves: list[tuple[Path, Path]]) -> None:
-    for target, staged in moves:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, target)
-
-
-class Staged:
-    """A file's staged part: resumed from what is on disk, written chunk by chunk.
-    Plain blocking file calls: local disk, one chunk at a time."""
-
-    def __init__(self, path: Path, file: ArtifactFile) -> None:
-        self.path = path
-        self.file = file
-        self._out: BinaryIO | None = None
-
-    def resume(self) -> tuple[int, hashlib._Hash]:
-        """Bytes already staged (at most the file's size) and the digest over them."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        hasher = new_digest(self.file.digest, self.file.size)
-        try:
-            have = min(self.path.stat().st_size, self.file.size)
-        except FileNotFoundError:
-            return 0, hasher
-        with self.path.open("rb") as handle:
-            remaining = have
-            while remaining and (block := handle.read(min(remaining, 1 << 20))):
-                hasher.update(block)
-                remaining -= len(block)
-        return have, hasher
-
-    def begin(self, offset: int) -> None:
-        self._out = self.path.open("r+b" if self.path.exists() else "wb")
-        self._out.seek(offset)
-        self._out.truncate()
-
-    def write(self, chunk: bytes) -> None:
-        assert self._out is not None
-        self._out.write(chunk)
-
-    def close(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def discard(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -277,11 +207,11 @@ class ArtifactJob:
         self._check_reserve(root, sum(f.size - self._staged(s, f) for f, _, s in pending))
         for file, _, staged in pending:
             await self._fetch(root, file, staged, pending)
-        _promote([(target, staged) for _, target, staged in pending])
+        promote([(target, staged) for _, target, staged in pending])
         self._remove_staging()
 
     async def _already_there(self, target: Path, file: ArtifactFile) -> bool:
-        return await asyncio.to_thread(_present, target, file, self.settings.chunk_bytes)
+        return await asyncio.to_thread(present, target, file, self.settings.chunk_bytes)
 
     @staticmethod
     def _staged(staged: Path, file: ArtifactFile) -> int:
@@ -308,68 +238,94 @@ class ArtifactJob:
         pending: list[tuple[ArtifactFile, Path, Path]],
     ) -> None:
         staged = Staged(staged_path, file)
-        have, hasher = await asyncio.to_thread(staged.resume)
+        have = await asyncio.to_thread(staged.resume)
         if have == file.size:
             # Staged in full by an earlier attempt: nothing to ask the source for.
-            if hasher.hexdigest() == file.digest.value:
+            if staged.verified():
                 self.progress.set(file.path, have)
                 return
-            staged.discard()
-            have, hasher = 0, new_digest(file.digest, file.size)
+            await asyncio.to_thread(staged.discard)
+            have = 0
         self.progress.set(file.path, have)
-        since_check = 0
         try:
             async with self.source.open(
                 self.spec.repository, self.spec.commit, file.path, have
             ) as download:
-                if download.offset != have:  # the source sent the whole file
-                    have, hasher = 0, new_digest(file.digest, file.size)
-                staged.begin(have)
+                have = download.offset  # 0 when the source sent the whole file
+                await asyncio.to_thread(staged.begin, have)
                 try:
-                    chunks = download.chunks.__aiter__()
-                    while True:
-                        self._raise_if_stopped()
-                        try:
-                            chunk = await asyncio.wait_for(
-                                chunks.__anext__(), self.settings.stall_s
-                            )
-                        except StopAsyncIteration:
-                            break
-                        except TimeoutError:
-                            raise Failed(
-                                FailureCode.STALLED,
-                                True,
-                                f"{file.path}: no data for {self.settings.stall_s:g} s",
-                            ) from None
-                        have += len(chunk)
-                        if have > file.size:
-                            raise Failed(
-                                FailureCode.SIZE_MISMATCH,
-                                False,
-                                f"{file.path}: longer than expected",
-                            )
-                        staged.write(chunk)
-                        hasher.update(chunk)
-                        self.progress.set(file.path, have)
-                        since_check += len(chunk)
-                        if since_check >= self.settings.reserve_check_bytes:
-                            since_check = 0
-                            self._check_reserve(root, self._remaining(pending))
+                    have = await self._stream(root, staged, download, have, pending)
                 finally:
-                    staged.close()
+                    await asyncio.to_thread(staged.close)
         except SourceFailed as failure:
             if failure.code is FailureCode.SIZE_MISMATCH:
                 staged.discard()  # a stale staged part: start it over next time
             raise Failed(failure.code, failure.retryable, failure.detail) from None
+        except OSError as exc:  # the staged file could not be written
+            code = (
+                FailureCode.INSUFFICIENT_SPACE
+                if exc.errno == errno.ENOSPC
+                else FailureCode.INTERNAL
+            )
+            raise Failed(code, True, f"{file.path}: {exc.strerror or type(exc).__name__}") from None
         self._raise_if_stopped()
         if have != file.size:
             staged.discard()
             raise Failed(
                 FailureCode.SIZE_MISMATCH, False, f"{file.path}: {have} bytes, expected {file.size}"
             )
-        if hasher.hexdigest() != file.digest.value:
+        if not staged.verified():
             staged.discard()
             raise Failed(FailureCode.CHECKSUM_MISMATCH, False, f"{file.path}: digest differs")
+
+    async def _stream(
+        self,
+        root: Path,
+        staged: Staged,
+        download: Download,
+        have: int,
+        pending: list[tuple[ArtifactFile, Path, Path]],
+    ) -> int:
+        """Receive on the event loop while worker threads write and hash the blocks
+        before (agent/jobs/lanes.py); the bytes staged in the end."""
+        file = staged.file
+        # A block is the chunks as received (no copy into one buffer).
+        block: list[bytes] = []
+        block_size = 0
+        lanes = Lanes(staged.write, staged.digest)
+        since_check = 0
+        handed = time.monotonic()
+        try:
+            async for chunk in download.chunks:
+                self._raise_if_stopped()
+                have += len(chunk)
+                if have > file.size:
+                    raise Failed(
+                        FailureCode.SIZE_MISMATCH, False, f"{file.path}: longer than expected"
+                    )
+                block.append(chunk)
+                block_size += len(chunk)
+                self.progress.set(file.path, have)
+                now = time.monotonic()
+                # A slow source's bytes go to disk soon too: a restart resumes from them.
+                if block_size < self.settings.block_bytes and now < handed + 0.25:
+                    continue
+                handed = now
+                await lanes.put(block)
+                since_check += block_size
+                block, block_size = [], 0
+                if since_check >= self.settings.reserve_check_bytes:
+                    since_check = 0
+                    self._check_reserve(root, self._remaining(pending))
+            if block:
+                await lanes.put(block)
+        except BaseException:
+            # Never close the file under a write still running in its thread.
+            with contextlib.suppress(Exception):
+                await lanes.close()
+            raise
+        await lanes.close()
+        return have
 
     def _remaining(self, pending: list[tuple[ArtifactFile, Path, Path]]) -> int:
         return sum(f.size - self.progress.done.get(f.path, 0) for f, _, _ in pending)

@@ -5,13 +5,13 @@ of wake-ups without a reconnect between them, it is plain HTTP/1.1 through proxi
 the agent reads it with an ordinary streaming GET. No transaction is held while it is
 open: the node is authenticated up front (from the node cache, or one short
 transaction), and again at every keep-alive, so a revoked, disabled or decommissioned
-node's channel closes within one keep-alive interval.
+node's channel closes within one keep-alive interval (`notification_keepalive_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -19,26 +19,11 @@ from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.agent.auth import admit_cached, authenticate_node, presented_credential
-from api.deps import State
+from api.deps import State, node_outside_transaction
 from api.errors import ApiError, error_responses
-from api.state import ApiState
 from schemas.protocol import NOTIFICATIONS
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
-
-KEEPALIVE_S = 15.0
-
-
-async def _authenticated(state: ApiState, authorization: str | None) -> uuid.UUID:
-    presented = presented_credential(authorization)
-    if presented is not None and state.settings.heartbeat_cache:
-        cached = state.node_cache.lookup(presented)
-        if cached is not None:
-            return admit_cached(cached, state.heartbeats.database_now()).node_id
-    async with state.sessions() as session, session.begin():
-        node = await authenticate_node(session, authorization, serialize=False)
-    return node.node_id
 
 
 @router.get(
@@ -51,23 +36,28 @@ async def job_notifications(
 ) -> StreamingResponse:
     """Held open: `event: job` whenever the node gets a job or a cancel. Polling
     `…/artifact-jobs/next` alone stays correct; this only cuts the latency."""
-    node_id = await _authenticated(state, authorization)
+    node_id = (await node_outside_transaction(state, authorization)).node_id
+    keepalive_s = state.settings.notification_keepalive_s
     hub = state.notifications
 
     async def stream() -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
         with hub.channel(node_id) as queue:
             yield "retry: 2000\n: connected\n\n"
+            # Due by the clock, not by silence: a busy channel is re-checked as often.
+            check_at = loop.time() + keepalive_s
             while True:
-                try:
-                    note = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    try:
-                        await _authenticated(state, authorization)
-                    except (ApiError, SQLAlchemyError, OSError):
-                        return  # refused (or unsure): the channel closes, the agent polls
-                    yield ": keep-alive\n\n"
+                with contextlib.suppress(TimeoutError):
+                    note = await asyncio.wait_for(queue.get(), max(0.0, check_at - loop.time()))
+                    yield f"event: job\ndata: {note}\n\n"
+                if loop.time() < check_at:
                     continue
-                yield f"event: job\ndata: {note}\n\n"
+                try:
+                    await node_outside_transaction(state, authorization)
+                except (ApiError, SQLAlchemyError, OSError):
+                    return  # refused (or unsure): the channel closes, the agent polls
+                yield ": keep-alive\n\n"
+                check_at = loop.time() + keepalive_s
 
     return StreamingResponse(
         stream(),

@@ -4,6 +4,7 @@ promotes and reports; observed through the admin API as an operator would."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,24 @@ def test_a_resolved_manifest_end_to_end(
     assert ended(api, job["id"])["state"] == "succeeded"
     assert (root / REPO / COMMIT / "weights/model.gguf").read_bytes() == FILES["weights/model.gguf"]
     assert not (root / REPO / COMMIT / "config.json").exists()
+
+
+def test_a_job_created_through_one_api_wakes_the_agent_listening_on_another(
+    api_factory: ApiFactory, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    """The notification path end to end: the operator's API commits the job, the relay
+    publishes its event, the other API relays it down the agent's held channel, and the
+    agent claims at once, although it would not poll again for two minutes."""
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    creating, listening = api_factory(), api_factory()
+    agent, node_id, root = start_agent(listening, agents, hub, tmp_path, job_poll_interval_s=120)
+    agent.wait_for_log(r"job notifications: listening")
+    time.sleep(0.5)  # the claim that the channel's opening triggers has found nothing
+    job_id = create(creating, node_id, root)
+    job = ended(creating, job_id, timeout_s=15)
+    assert job["state"] == "succeeded", job
+    assert job["attempt"] == 1
+    agent.wait_for_log(rf"claimed artifact job {job_id}")
 
 
 @pytest.mark.parametrize(
