@@ -55,9 +55,16 @@ from schemas.protocol import (
     ENROLL,
     HEARTBEAT,
     INVENTORY,
+    RUNTIME,
+    RUNTIME_PROBE_COMPLETE,
+    RUNTIME_PROBE_FAIL,
+    RUNTIME_PROBE_PROGRESS,
+    RUNTIME_PROBES_NEXT,
     TELEMETRY,
     TOKENS,
 )
+from schemas.runtime import ProbeClaim, ProbeComplete, ProbeFail, ProbeOutcome, ProbeProgress
+from schemas.runtime_local import RuntimeReport
 
 logger = logging.getLogger("modelforge.agent.http")
 
@@ -225,6 +232,29 @@ class ProtocolClient:
 
     async def fail_artifact_job(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
         return await self._call("POST", ARTIFACT_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
+
+    async def put_runtime(self, report: RuntimeReport) -> IngestResult:
+        return await self._call("PUT", RUNTIME, report, IngestResult)
+
+    async def claim_runtime_probe(self) -> ProbeClaim | None:
+        """The next runtime probe and its lease; None when there is nothing to do (204)."""
+        response = await self._send("GET", RUNTIME_PROBES_NEXT, None)
+        if response.status_code == 204:
+            return None
+        return _parse(ProbeClaim, response, "GET", RUNTIME_PROBES_NEXT)
+
+    async def probe_progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer:
+        path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
+        return await self._call("POST", path, report, ProgressAnswer)
+
+    async def complete_probe(self, job_id: uuid.UUID, report: ProbeComplete) -> ProbeOutcome:
+        path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
+        return await self._call("POST", path, report, ProbeOutcome)
+
+    async def fail_probe(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
+        return await self._call(
+            "POST", RUNTIME_PROBE_FAIL.format(job_id=job_id), report, FailAnswer
+        )
 
     async def _call(
         self,

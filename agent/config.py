@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -25,6 +25,7 @@ from agent.errors import ConfigError
 from schemas.base import RootPath
 
 ENV_PREFIX = "MODELFORGE_AGENT_"
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 Collector = Literal["nvml", "simulated", "none"]
 
 
@@ -174,9 +175,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def load_config(
-    config: Path | None = None, override: Path | None = None, **values: Any
-) -> AgentConfig:
+def load_settings(
+    model: type[SettingsT],
+    what: str,
+    config: Path | None,
+    override: Path | None,
+    values: Mapping[str, Any],
+) -> SettingsT:
     """Base file, override file, keyword values, then the environment (which wins)."""
     data: dict[str, Any] = {}
     for path in (config, override):
@@ -184,10 +189,16 @@ def load_config(
             data = deep_merge(data, read_yaml(path))
     data = deep_merge(data, values)
     try:
-        return AgentConfig(**data)
+        return model(**data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in error['loc']) or 'config'}: {error['msg']}"
             for error in exc.errors()
         )
-        raise ConfigError(f"invalid agent configuration: {problems}") from None
+        raise ConfigError(f"invalid {what} configuration: {problems}") from None
+
+
+def load_config(
+    config: Path | None = None, override: Path | None = None, **values: Any
+) -> AgentConfig:
+    return load_settings(AgentConfig, "agent", config, override, values)

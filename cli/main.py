@@ -155,6 +155,12 @@ def _simulate(args: argparse.Namespace) -> int:
     return run_simulate(args)
 
 
+def _runtime(args: argparse.Namespace) -> int:
+    from agent.runtime.cli import run_runtime
+
+    return run_runtime(args)
+
+
 def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     agent = add("agent", _agent, "run the node agent (outbound HTTPS only)")
     agent.add_argument("--config", type=Path, help="YAML config (the tracked base)")
@@ -168,6 +174,11 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     install.add_argument("--file", type=Path, help="read from this file instead of stdin")
     install.add_argument("--config", dest="install_config", type=Path, help="for state_dir")
     install.add_argument("--config-override", dest="install_override", type=Path)
+    runtime = add(
+        "runtime", _runtime, "run the runtime worker (one llama-server per device, local API)"
+    )
+    runtime.add_argument("--config", type=Path, help="YAML config (the tracked base)")
+    runtime.add_argument("--config-override", type=Path, help="YAML merged over --config")
     sim = add("simulate", _simulate, "run N simulated agents in one process")
     sim.add_argument("--nodes", type=int, default=10)
     sim.add_argument("--api-url", help="default: the running `modelforge up` (its stack file)")

@@ -19,6 +19,11 @@ class ErrorCode(StrEnum):
     INVENTORY_MISMATCH = "inventory_mismatch"
     # The source has no such repository, revision or matching files (or refused us).
     MANIFEST_UNRESOLVED = "manifest_unresolved"
+    # A runtime probe names what the control plane or the node does not have.
+    ARTIFACT_NOT_ON_NODE = "artifact_not_on_node"
+    PROFILE_UNKNOWN = "profile_unknown"
+    ENVIRONMENT_UNKNOWN = "environment_unknown"
+    ENVIRONMENT_NOT_ON_NODE = "environment_not_on_node"
     # Not JSON at all: invalid UTF-8, a syntax error, nesting or a number beyond the
     # parser's limits.
     BODY_UNPARSEABLE = "body_unparseable"

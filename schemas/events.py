@@ -51,6 +51,7 @@ class EventType(StrEnum):
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
     JOB_CANCELLED = "job.cancelled"
     JOB_EXPIRED = "job.expired"
+    RUNTIME_PROFILE_CREATED = "runtime.profile_created"
 
     @property
     def cloudevent_type(self) -> str:
@@ -77,12 +78,14 @@ SUBJECT_IDS: dict[str, str] = {
     "token": "token_id",
     "fleet": "incident_id",
     "job": "job_id",
+    "runtime": "profile_id",
 }
 TARGET_TYPES: dict[str, str] = {
     "node": "node",
     "token": "enrollment_token",
     "fleet": "fleet_incident",
     "job": "job",
+    "runtime": "runtime_profile",
 }
 
 # Who made a change: the operator (admin API), a node (its own credential), or a worker
@@ -279,6 +282,14 @@ class JobEvent(WireModel):
     percent: int | None = None
 
 
+class RuntimeProfileCreated(WireModel):
+    """A new immutable version of a runtime profile (a change is always a new version)."""
+
+    profile_id: uuid.UUID
+    name: str
+    version: int
+
+
 EVENT_MEANINGS: dict[EventType, str] = {
     EventType.TOKEN_CREATED: "an operator created an enrollment token",
     EventType.TOKEN_REVOKED: "an enrollment token was revoked before use",
@@ -314,6 +325,7 @@ EVENT_MEANINGS: dict[EventType, str] = {
     "on its next progress report (a notification)",
     EventType.JOB_CANCELLED: "the job ended cancelled",
     EventType.JOB_EXPIRED: "the lease ran out without a report; a worker took the job back",
+    EventType.RUNTIME_PROFILE_CREATED: "an operator created a runtime profile version",
 }
 
 # Events that record no change of state, so the audit log leaves them out: an accepted
@@ -353,4 +365,5 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.JOB_CANCEL_REQUESTED: JobEvent,
     EventType.JOB_CANCELLED: JobEvent,
     EventType.JOB_EXPIRED: JobEvent,
+    EventType.RUNTIME_PROFILE_CREATED: RuntimeProfileCreated,
 }

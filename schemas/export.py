@@ -7,12 +7,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas import admin, agent, artifacts, errors, events, jobs
+from schemas import admin, agent, artifacts, errors, events, jobs, runtime, runtime_local
 
 
 def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
-    for module in (agent, admin, artifacts, errors, events, jobs):
+    for module in (agent, admin, artifacts, errors, events, jobs, runtime, runtime_local):
         for name, value in vars(module).items():
             if (
                 isinstance(value, type)

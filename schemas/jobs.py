@@ -24,6 +24,9 @@ from schemas.base import SAFE_INT_MAX, Flag, Note, WireModel, json_integer
 
 class JobKind(StrEnum):
     ARTIFACT_ACQUIRE = "artifact.acquire.v1"
+    RUNTIME_PROBE = "runtime.probe.v1"
+    RUNTIME_HEALTH = "runtime.health.v1"
+    RUNTIME_UNLOAD = "runtime.unload.v1"
 
 
 class JobState(StrEnum):

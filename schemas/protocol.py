@@ -20,6 +20,13 @@ ARTIFACT_JOBS_NEXT: Final = f"{AGENT_PREFIX}/artifact-jobs/next"
 ARTIFACT_JOB_PROGRESS: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/progress"
 ARTIFACT_JOB_COMPLETE: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/complete"
 ARTIFACT_JOB_FAIL: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/fail"
+# The runtime worker (beside the agent, with the node's credential): its report stream,
+# then runtime probes claimed and reported under leases exactly like artifact jobs.
+RUNTIME: Final = f"{AGENT_PREFIX}/runtime"
+RUNTIME_PROBES_NEXT: Final = f"{AGENT_PREFIX}/runtime-probes/next"
+RUNTIME_PROBE_PROGRESS: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/progress"
+RUNTIME_PROBE_COMPLETE: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/complete"
+RUNTIME_PROBE_FAIL: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/fail"
 # Server-sent events: `event: job` with `{"event": "job.created", "job_id": ...}` when
 # the node has work (or a cancel); comments as keep-alives. A wake-up, never the work.
 NOTIFICATIONS: Final = f"{AGENT_PREFIX}/notifications"
@@ -31,6 +38,10 @@ AUDIT: Final = f"{ADMIN_PREFIX}/audit"
 FLEET: Final = f"{ADMIN_PREFIX}/fleet"
 DEAD_LETTERS: Final = f"{ADMIN_PREFIX}/workers/dead-letters"
 ARTIFACT_JOBS: Final = f"{ADMIN_PREFIX}/artifact-jobs"
+RUNTIME_PROFILES: Final = f"{ADMIN_PREFIX}/runtime/profiles"
+RUNTIME_ENVIRONMENTS: Final = f"{ADMIN_PREFIX}/runtime/environments"
+RUNTIME_PROBES: Final = f"{ADMIN_PREFIX}/runtime/probes"
+RUNTIME_EVIDENCE: Final = f"{ADMIN_PREFIX}/runtime/evidence"
 
 HEALTHZ: Final = "/healthz"
 READYZ: Final = "/readyz"

@@ -25,7 +25,7 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType
 from schemas.jobs import FailureCode, JobKind, JobState
 from store import changes, leases, nodes
-from store.errors import Invalid, Missing, Refused
+from store.errors import Invalid
 from store.models import Job, Node, NodeArtifact, NodeStream
 
 KIND = JobKind.ARTIFACT_ACQUIRE
@@ -48,18 +48,9 @@ async def allowed_roots(session: AsyncSession, node_id: uuid.UUID) -> list[str]:
 async def check_schedulable(
     session: AsyncSession, node_id: uuid.UUID, target_root: str, *, lock: bool = False
 ) -> Node:
-    """The node, if a job for it may be created: unknown node (404), disabled or
-    decommissioned (409), a root the node does not offer (422)."""
-    node = await (nodes.lock(session, node_id) if lock else session.get(Node, node_id))
-    if node is None:
-        raise Missing(f"no node {node_id}", code=ErrorCode.NOT_FOUND)
-    if nodes.is_terminal(node) or not node.enabled:
-        state = "decommissioned" if nodes.is_terminal(node) else "disabled"
-        raise Refused(
-            f"the node is {state}: it takes no jobs",
-            code=ErrorCode.NODE_NOT_SCHEDULABLE,
-            extra={"node_state": state},
-        )
+    """The node, if a job for it may be created (nodes.schedulable), and only for a
+    root the node offers (422)."""
+    node = await nodes.schedulable(session, node_id, locked=lock)
     roots = await allowed_roots(session, node.id)
     if target_root not in roots:
         raise Invalid(
@@ -225,23 +216,3 @@ async def node_artifacts(session: AsyncSession, node_id: uuid.UUID) -> list[Node
 async def get_job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
     job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
     return job if job is not None and job.kind == KIND.value else None
-
-
-async def list_jobs(
-    session: AsyncSession,
-    *,
-    node_id: uuid.UUID | None,
-    states: list[JobState],
-    limit: int,
-    offset: int,
-) -> list[Job]:
-    """Newest first."""
-    query = select(Job).where(Job.kind == KIND.value)
-    if node_id is not None:
-        query = query.where(Job.node_id == node_id)
-    if states:
-        query = query.where(Job.state.in_([s.value for s in states]))
-    rows = await session.execute(
-        query.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
-    )
-    return list(rows.scalars().all())

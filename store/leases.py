@@ -25,6 +25,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -184,7 +185,7 @@ def fail(
     now: datetime,
     policy: LeasePolicy,
     *,
-    code: FailureCode,
+    code: StrEnum,
     retryable: bool,
     detail: str,
     actor: str,
@@ -196,7 +197,8 @@ def fail(
     job.failure_code = code.value
     job.failure_retryable = retryable
     job.failure_detail = detail or None
-    if job.cancel_requested_at is not None or code is FailureCode.CANCELLED:
+    # Every kind's failure codes (FailureCode, RuntimeFailure) spell cancelled alike.
+    if job.cancel_requested_at is not None or code.value == FailureCode.CANCELLED.value:
         cancel_now(session, job, now, actor=actor)
         return
     if expired:
@@ -286,3 +288,24 @@ async def expire_due(
             expired=True,
         )
     return list(due)
+
+
+async def list_jobs(
+    session: AsyncSession,
+    *,
+    kind: JobKind,
+    node_id: uuid.UUID | None,
+    states: list[JobState],
+    limit: int,
+    offset: int,
+) -> list[Job]:
+    """Jobs of one kind, newest first."""
+    query = select(Job).where(Job.kind == kind.value)
+    if node_id is not None:
+        query = query.where(Job.node_id == node_id)
+    if states:
+        query = query.where(Job.state.in_([s.value for s in states]))
+    rows = await session.execute(
+        query.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
+    )
+    return list(rows.scalars().all())

@@ -3,6 +3,7 @@
 * `now`: the database clock, the only clock decisions are made by;
 * `lock`: a node's event lock, then its row (the order agent requests take too);
 * `is_terminal`: a decommissioned node can never change again;
+* `schedulable`: the node a new job may be created for;
 * `revoke_active_credentials`: the one UPDATE that ends a node's credentials;
 * `with_liveness`: a node and its computed liveness, in one read.
 """
@@ -15,6 +16,8 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from schemas.errors import ErrorCode
+from store.errors import Missing, Refused
 from store.liveness import LivenessThresholds, liveness_expression
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
@@ -35,6 +38,23 @@ async def lock(session: AsyncSession, node_id: uuid.UUID) -> Node | None:
 
 def is_terminal(node: Node) -> bool:
     return node.decommissioned_at is not None
+
+
+async def schedulable(session: AsyncSession, node_id: uuid.UUID, *, locked: bool = False) -> Node:
+    """The node, if a job may be created for it: unknown (404), disabled or
+    decommissioned (409). With locked=True under its lock (a disable or a decommission
+    may have committed since a first check). An offline node's jobs wait for it."""
+    node = await (lock(session, node_id) if locked else session.get(Node, node_id))
+    if node is None:
+        raise Missing(f"no node {node_id}", code=ErrorCode.NOT_FOUND)
+    if is_terminal(node) or not node.enabled:
+        state = "decommissioned" if is_terminal(node) else "disabled"
+        raise Refused(
+            f"the node is {state}: it takes no jobs",
+            code=ErrorCode.NODE_NOT_SCHEDULABLE,
+            extra={"node_state": state},
+        )
+    return node
 
 
 async def revoke_active_credentials(

@@ -5,12 +5,12 @@ only cuts the latency: polling alone stays correct)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from agent.client import ProtocolClient
 from agent.errors import Rejected, RequestFailed
 from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.wakeups import wait_for_wake
 from agent.sources.hub import HubSource
 
 logger = logging.getLogger("modelforge.agent.jobs")
@@ -39,19 +39,10 @@ async def artifact_jobs(
                 logger.warning("claiming artifact jobs failed (%s); polling on", exc)
             failing = kind
             if isinstance(exc, Rejected) and exc.status in (401, 403):
-                await _wait(stop, wake, poll_s * 3)
+                await wait_for_wake(stop, wake, poll_s * 3)
                 continue
         if claim is not None:
             logger.info("claimed artifact job %s (attempt %d)", claim.job_id, claim.attempt)
             await ArtifactJob(claim, client, source, settings).run()
             continue
-        await _wait(stop, wake, poll_s)
-
-
-async def _wait(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED), seconds)
-    for waiter in waiters:
-        waiter.cancel()
-    wake.clear()
+        await wait_for_wake(stop, wake, poll_s)

@@ -51,3 +51,13 @@ async def _hold(client: ProtocolClient, wake: asyncio.Event) -> None:
         async for line in r.aiter_lines():
             if line == "event: job":
                 wake.set()
+
+
+async def wait_for_wake(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+    """Until stop or wake is set, or `seconds` pass; then clear wake for the next round."""
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED), seconds)
+    for waiter in waiters:
+        waiter.cancel()
+    wake.clear()

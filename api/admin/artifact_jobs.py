@@ -117,8 +117,13 @@ async def list_artifact_jobs(
     limit: PageLimit = 100,
     offset: CountParam = 0,
 ) -> ArtifactJobList:
-    rows = await artifacts.list_jobs(
-        session, node_id=node_id, states=state or [], limit=limit, offset=offset
+    rows = await leases.list_jobs(
+        session,
+        kind=artifacts.KIND,
+        node_id=node_id,
+        states=state or [],
+        limit=limit,
+        offset=offset,
     )
     return ArtifactJobList(items=[job_view(job) for job in rows])
 

@@ -16,6 +16,7 @@ from api.admin import (
     decommission,
     fleet,
     nodes,
+    runtime,
     tokens,
 )
 from api.deps import AdminTransaction, State, require_operator
@@ -201,3 +202,4 @@ async def delete_dead_letter(seq: PositiveParam, state: State) -> None:
 # Operator areas with a module of their own; included here, so the operator check above
 # covers every one of their routes too.
 router.include_router(artifact_jobs.router)
+router.include_router(runtime.router)

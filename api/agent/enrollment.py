@@ -16,7 +16,7 @@ from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node
 from store import changes, nodes
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
-STREAMS = ("inventory", "telemetry")
+STREAMS = ("inventory", "telemetry", "runtime")
 
 
 async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToken, datetime]:

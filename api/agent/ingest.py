@@ -23,7 +23,8 @@ from api.errors import Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied, node_actor
-from store import changes, inventory
+from schemas.runtime_local import RuntimeReport
+from store import changes, inventory, runtime
 from store.models import NodeStream
 
 
@@ -41,7 +42,7 @@ async def _advance(
     session: AsyncSession,
     node: AuthenticatedNode,
     stream_name: str,
-    report: InventoryReport | TelemetryReport,
+    report: InventoryReport | TelemetryReport | RuntimeReport,
     good_payload: dict[str, Any],
     future_skew_limit_s: float,
 ) -> Advanced:
@@ -155,3 +156,20 @@ async def ingest_telemetry(
     payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
     advanced = await _advance(session, node, "telemetry", report, payload, future_skew_limit_s)
     return _result(node, "telemetry", report.sequence, advanced)
+
+
+async def ingest_runtime(
+    session: AsyncSession,
+    node: AuthenticatedNode,
+    report: RuntimeReport,
+    *,
+    future_skew_limit_s: float,
+) -> IngestResult:
+    """The runtime worker's report: a stream of its own with inventory's ordering."""
+    node.require_owns(report.node_id)
+    payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
+    stream = runtime.RUNTIME_STREAM
+    advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
+    if advanced.decision.applied:
+        await runtime.record_environments(session, node.node_id, report, advanced.received_at)
+    return _result(node, stream, report.sequence, advanced)

@@ -1,0 +1,127 @@
+"""The runtime worker's configuration: the agent's YAML scheme (a tracked base, a
+deep-merged override, then `MODELFORGE_RUNTIME_*` variables).
+
+    modelforge runtime --config runtime.example.yaml --config-override runtime.local.yaml
+
+Models carry the common llama-server settings as typed fields (schemas/runtime.py:
+LlamaSettings, the same as a RuntimeProfile's); `server_args` is the escape hatch for
+the rest, a mapping of flag name to a typed scalar turned into argv elements (never a
+shell string). Flags the worker manages itself (where the server listens, which model
+it loads) cannot be set there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.config import load_settings
+from schemas.runtime import LlamaSettings
+
+ENV_PREFIX = "MODELFORGE_RUNTIME_"
+Backend = Literal["cpu", "cuda", "metal", "rocm", "sycl", "vulkan"]
+
+
+def _cpu_only() -> list[Backend]:
+    return ["cpu"]
+
+
+class ModelSpec(LlamaSettings):
+    """A configured model: what it is called and where its file is, and its settings."""
+
+    model_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+    path: Path
+    roles: list[str] = Field(default_factory=list, max_length=32)
+    alias: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("a model's path must be absolute")
+        return value
+
+    @property
+    def served_name(self) -> str:
+        return self.alias or self.model_id
+
+
+class RuntimeConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    # The control plane (outbound only), as the agent's config has it, and the agent's
+    # state dir, whose identity and credential the runtime worker uses, read only.
+    # Without api_url the worker serves its local endpoints and reports nowhere.
+    api_url: str | None = None
+    state_dir: Path | None = None
+    ca_bundle: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    trust_env: bool = True
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    # The runtime report (devices, models, queues, binaries) at least this often, and
+    # at once after a load or an unload.
+    report_interval_s: float = Field(default=30.0, gt=0)
+    job_poll_interval_s: float = Field(default=5.0, gt=0)
+    llama_server_path: Path
+    models: list[ModelSpec] = Field(min_length=1, max_length=256)
+    backends: list[Backend] = Field(default_factory=_cpu_only, min_length=1)
+    # The local OpenAI-compatible endpoints. llama-server itself always listens on
+    # 127.0.0.1 (not configurable).
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=8090, ge=0, le=65535)
+    # Pidfiles of the servers this worker started, so a restarted worker reaps leftovers.
+    run_dir: Path
+    llama_server_startup_timeout_s: float = Field(default=30.0, gt=0)
+    # The startup timeout restarts whenever the server shows loading progress, but never
+    # past this.
+    llama_server_startup_cap_s: float = Field(default=600.0, gt=0)
+    llama_server_probe_interval_s: float = Field(default=0.5, gt=0)
+    llama_server_stop_grace_s: float = Field(default=10.0, gt=0)
+    max_pending_requests_per_device: int = Field(default=2, ge=1, le=10_000)
+    # After an unload, wait (at most this long) for the device's memory to be freed.
+    unload_settle_timeout_s: float = Field(default=30.0, ge=0)
+    # RoleMesh compatibility: register and heartbeat to a dispatcher, if set.
+    dispatcher_base_url: str | None = None
+    dispatcher_heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    node_name: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, value: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.model_id for m in value]
+        if len(names) != len(set(names)):
+            raise ValueError("model_id values must be unique")
+        return value
+
+    @model_validator(mode="after")
+    def _control_plane(self) -> RuntimeConfig:
+        if self.api_url is not None and self.state_dir is None:
+            raise ValueError("api_url needs state_dir (the agent's, for the node credential)")
+        if self.api_url is not None and not self.api_url.startswith(("https://", "http://")):
+            raise ValueError("api_url must start with https:// (or http:// for development)")
+        return self
+
+    def model(self, model_id: str) -> ModelSpec | None:
+        return next((m for m in self.models if model_id in (m.model_id, m.alias)), None)
+
+
+def load_runtime_config(
+    config: Path | None = None, override: Path | None = None, **values: Any
+) -> RuntimeConfig:
+    return load_settings(RuntimeConfig, "runtime", config, override, values)

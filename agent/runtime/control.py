@@ -1,0 +1,164 @@
+"""The runtime worker's side of the protocol, outbound only, with the node's credential
+from the agent's state dir: the runtime report stream, and the probe loop.
+
+* **Report** (`PUT …/agent/runtime`): devices, served and loaded models, queue depths
+  and the binary it runs (its sha256 and version: a RuntimeEnvironment). Sent at start,
+  every `report_interval_s`, and soon after anything changed. Sequences come from a file
+  in the run dir, reserved in blocks, so a restart never reuses one (like the agent's).
+* **Probes** are claimed from `…/runtime-probes/next` when a notification wakes the loop
+  (the agent's own SSE listener, agent/jobs/wakeups.py) or every `job_poll_interval_s`.
+* A 4xx answer is final for that request: logged once, never retried in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import subprocess
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.client import ProtocolClient
+from agent.errors import RequestFailed
+from agent.jobs.wakeups import listen, wait_for_wake
+from agent.runtime.probe import ProbeRun
+from agent.runtime.worker import RuntimeWorker
+from agent.state import atomic_write
+from schemas.runtime import EnvironmentReport
+from schemas.runtime_local import RuntimeReport
+
+logger = logging.getLogger("modelforge.runtime.control")
+
+SEQUENCE_BLOCK = 64
+
+
+class SequenceFile:
+    """Monotonic sequence numbers that survive restarts: the file holds the end of the
+    reserved block (a crash skips at most a block, never repeats a number)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._next = int(path.read_text().strip() or 0) + 1
+        except (OSError, ValueError):
+            self._next = 1
+        self._reserved = self._next - 1
+
+    def take(self) -> int:
+        if self._next > self._reserved:
+            self._reserved = self._next + SEQUENCE_BLOCK - 1
+            atomic_write(self.path, f"{self._reserved}\n".encode())
+        value = self._next
+        self._next += 1
+        return value
+
+
+def binary_environment(binary: Path, backend: str) -> EnvironmentReport:
+    """The binary's digest and what it says its version is (`--version`)."""
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    try:
+        result = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        version = next((line for line in lines if line.startswith("version:")), "unknown")
+    except (OSError, subprocess.TimeoutExpired):
+        version = "unknown"
+    return EnvironmentReport(
+        binary_sha256=digest, version=version.removeprefix("version:").strip()[:200] or "?",
+        backend="cuda" if backend == "cuda" else "cpu",
+    )  # fmt: skip
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        worker: RuntimeWorker,
+        client: ProtocolClient,
+        node_id: uuid.UUID,
+        environment: EnvironmentReport,
+        credential: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self.worker = worker
+        self.client = client
+        self.node_id = node_id
+        self.environment = environment
+        self.sequences = SequenceFile(worker.config.run_dir / "runtime.sequence")
+        # Read again before every report: the agent may have installed a rotated one.
+        self._credential = credential
+        self.changed = worker.changed
+        self._refused: str | None = None
+
+    def report(self) -> RuntimeReport:
+        inventory = self.worker.inventory()
+        return RuntimeReport(
+            node_id=self.node_id,
+            sequence=self.sequences.take(),
+            observed_at=datetime.now(UTC),
+            devices=inventory.devices,
+            served_models=inventory.served_models,
+            loaded_models=inventory.loaded_models,
+            environments=[self.environment],
+        )
+
+    async def send_report(self) -> bool:
+        current = await asyncio.to_thread(self._credential)
+        if current and current != self.client.credential:
+            logger.info("using the node's new credential from the agent's state dir")
+            self.client.credential = current
+        try:
+            await self.client.put_runtime(self.report())
+        except RequestFailed as exc:
+            kind = f"{type(exc).__name__}: {exc}"
+            if self._refused != kind:
+                logger.warning("the runtime report was not accepted (%s)", exc)
+            self._refused = kind
+            return False
+        self._refused = None
+        return True
+
+    async def reports(self, stop: asyncio.Event) -> None:
+        interval = self.worker.config.report_interval_s
+        while not stop.is_set():
+            await self.send_report()
+            await wait_for_wake(stop, self.changed, interval)
+            await asyncio.sleep(0.2)  # a burst of changes is one report
+
+    async def probes(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        poll = self.worker.config.job_poll_interval_s
+        failing: str | None = None
+        while not stop.is_set():
+            claim = None
+            try:
+                claim = await self.client.claim_runtime_probe()
+                failing = None
+            except RequestFailed as exc:
+                if failing != type(exc).__name__:
+                    logger.warning("claiming runtime probes failed (%s); polling on", exc)
+                failing = type(exc).__name__
+            if claim is not None:
+                logger.info("claimed runtime probe %s (attempt %d)", claim.job_id, claim.attempt)
+                await ProbeRun(claim, self.client, self.worker).run()
+                self.changed.set()
+                continue
+            await wait_for_wake(stop, wake, poll)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        wake = asyncio.Event()
+        tasks = [
+            asyncio.create_task(self.reports(stop)),
+            asyncio.create_task(self.probes(stop, wake)),
+            asyncio.create_task(listen(self.client, wake, stop)),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

@@ -1,0 +1,271 @@
+"""One runtime.probe.v1 job on the runtime worker: verify the binary and the artifact
+against the digests the lease carries, start (or reuse) the device's server with the
+profile's settings, wait for readiness, run the fixed probe input, and report layered
+health with measured evidence, or a normalised failure.
+
+The lease is kept alive by progress reports (the phase) while the work runs; their
+answer carries an operator's cancel, after which the probe stops and reports
+`cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from agent.errors import RequestFailed, Transient
+from agent.runtime.config import ModelSpec
+from agent.runtime.devices import DeviceSlot
+from agent.runtime.server import LlamaServer, ServerFailed
+from agent.runtime.worker import RuntimeWorker
+from schemas.jobs import FailAnswer, LeaseFence, ProgressAnswer
+from schemas.runtime import (
+    ProbeClaim,
+    ProbeComplete,
+    ProbeEvidence,
+    ProbeFail,
+    ProbeHealth,
+    ProbeOutcome,
+    ProbeProgress,
+    RuntimeFailure,
+)
+
+logger = logging.getLogger("modelforge.runtime.probe")
+
+# Worth another attempt: the next start may well succeed.
+RETRYABLE = frozenset(
+    {RuntimeFailure.STARTUP_TIMEOUT, RuntimeFailure.PROCESS_EXITED, RuntimeFailure.INTERNAL}
+)
+
+
+class ProbeReports(Protocol):
+    async def probe_progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer: ...
+    async def complete_probe(self, job_id: uuid.UUID, report: ProbeComplete) -> ProbeOutcome: ...
+    async def fail_probe(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer: ...
+
+
+class Failed(Exception):
+    def __init__(
+        self, code: RuntimeFailure, detail: str, health: ProbeHealth | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.health = health
+
+
+class Cancelled(Exception):
+    pass
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def peak_rss_bytes(pid: int | None) -> int | None:
+    """The process's high-water resident set (Linux VmHWM), while it still runs."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class ProbeRun:
+    def __init__(self, claim: ProbeClaim, reports: ProbeReports, worker: RuntimeWorker) -> None:
+        self.claim = claim
+        self.spec = claim.spec
+        self.reports = reports
+        self.worker = worker
+        self.fence = LeaseFence(lease_id=claim.lease.lease_id, epoch=claim.lease.epoch)
+        self.phase = "verifying"
+        self.cancelled = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.name = f"probe {claim.job_id}"
+
+    async def run(self) -> str:
+        reporter = asyncio.create_task(self._keep_lease())
+        try:
+            report = await self._probe()
+        except Cancelled:
+            return await self._fail(Failed(RuntimeFailure.CANCELLED, "cancelled"))
+        except Failed as failure:
+            return await self._fail(failure)
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+        if self.lost.is_set():
+            return "lease lost"
+        try:
+            await self.reports.complete_probe(self.claim.job_id, report)
+        except RequestFailed as exc:
+            logger.warning("%s: the completion was not accepted (%s)", self.name, exc)
+            return "completion refused"
+        logger.info("%s: complete (%s)", self.name, report.evidence.model_dump_json())
+        return "completed"
+
+    def _check(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled
+
+    async def _probe(self) -> ProbeComplete:
+        artifact = Path(self.spec.artifact_path)
+        await asyncio.to_thread(self._verify, self.worker.config.llama_server_path, artifact)
+        self._check()
+        model = ModelSpec(
+            model_id=f"probe-{self.spec.artifact_digest[:12]}-{self.spec.profile_id.hex[:8]}",
+            path=artifact,
+            **self.spec.settings.model_dump(),
+        )
+        slot = (
+            self.worker.slot(self.spec.device_id)
+            if self.spec.device_id
+            else self.worker.slot_for(model)
+        )
+        if slot is None:
+            raise Failed(RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.spec.device_id}")
+        self.phase = "loading"
+        settle_before = slot.last_settle_s
+        try:
+            async with slot.serving(model, bounded=False) as server:
+                self._check()
+                self.phase = "probing"
+                health, timings = await self._infer(server)
+                evidence = ProbeEvidence(
+                    load_s=server.load_s or 0.0,
+                    time_to_first_token_s=timings["ttft_s"],
+                    prompt_tokens_per_s=timings.get("prompt_per_second"),
+                    generation_tokens_per_s=timings.get("predicted_per_second"),
+                    peak_rss_bytes=peak_rss_bytes(server.pid),
+                    vram_used_bytes=_vram_used(slot),
+                    settle_s=slot.last_settle_s if slot.last_settle_s != settle_before else None,
+                )
+        except ServerFailed as exc:
+            raise Failed(RuntimeFailure(exc.code), exc.detail) from None
+        return ProbeComplete(
+            lease=self.fence, device_id=slot.device.id, health=health, evidence=evidence
+        )
+
+    def _verify(self, binary: Path, artifact: Path) -> None:
+        """The files are the ones the lease names (blocking: run in a thread)."""
+        if not binary.is_file():
+            raise Failed(RuntimeFailure.BINARY_MISSING, f"{binary} does not exist")
+        if sha256_of(binary) != self.spec.binary_sha256:
+            raise Failed(
+                RuntimeFailure.BINARY_DIGEST_MISMATCH, "the binary is not the environment's"
+            )
+        if not artifact.is_file():
+            raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{artifact} does not exist")
+        if sha256_of(artifact) != self.spec.artifact_digest:
+            raise Failed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{artifact}: digest differs")
+
+    async def _infer(self, server: LlamaServer) -> tuple[ProbeHealth, dict[str, float]]:
+        layers = await server.health()
+        body = {
+            "model": server.model.served_name,
+            "messages": [{"role": "user", "content": self.spec.prompt}],
+            "max_tokens": self.spec.max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        started = time.monotonic()
+        first: float | None = None
+        text = ""
+        timings: dict[str, Any] = {}
+        try:
+            async with server.http.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise Failed(RuntimeFailure.INFERENCE_FAILED, f"HTTP {r.status_code}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    for choice in chunk.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content") or ""
+                        if piece and first is None:
+                            first = time.monotonic() - started
+                        text += piece
+                    timings = chunk.get("timings") or timings
+        except (httpx.HTTPError, ValueError) as exc:
+            health = ProbeHealth(
+                process_up=server.alive,
+                health_ok=layers.health_ok,
+                model_listed=layers.model_listed,
+                inference_ok=False,
+            )
+            code = (
+                RuntimeFailure.INFERENCE_FAILED if server.alive else RuntimeFailure.PROCESS_EXITED
+            )
+            detail = f"the probe's inference failed ({type(exc).__name__})"
+            raise Failed(code, detail, health) from None
+        health = ProbeHealth(
+            process_up=server.alive,
+            health_ok=layers.health_ok,
+            model_listed=layers.model_listed,
+            inference_ok=bool(text),
+        )
+        if not text:
+            raise Failed(RuntimeFailure.INFERENCE_FAILED, "the probe got no tokens", health)
+        measured = {"ttft_s": first if first is not None else time.monotonic() - started}
+        for key in ("prompt_per_second", "predicted_per_second"):
+            if isinstance(timings.get(key), int | float):
+                measured[key] = float(timings[key])
+        return health, measured
+
+    async def _keep_lease(self) -> None:
+        interval = max(0.2, min(5.0, self.claim.lease.renew_within_s / 2))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                answer = await self.reports.probe_progress(
+                    self.claim.job_id, ProbeProgress(lease=self.fence, phase=self.phase)
+                )
+            except Transient:
+                continue
+            except RequestFailed:
+                self.lost.set()
+                return
+            if answer.cancel_requested:
+                self.cancelled.set()
+
+    async def _fail(self, failure: Failed) -> str:
+        logger.warning("%s: %s (%s)", self.name, failure.code.value, failure.detail)
+        report = ProbeFail(
+            lease=self.fence,
+            code=failure.code,
+            retryable=failure.code in RETRYABLE,
+            detail=failure.detail[:500],
+            health=failure.health,
+        )
+        try:
+            await self.reports.fail_probe(self.claim.job_id, report)
+        except RequestFailed as exc:
+            logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
+        return failure.code.value
+
+
+def _vram_used(slot: DeviceSlot) -> int | None:
+    if slot.device.backend != "cuda":
+        return None
+    metrics = slot.backend.metrics(slot.device)
+    if metrics.memory_total_bytes is None or metrics.memory_free_bytes is None:
+        return None
+    return int(metrics.memory_total_bytes - metrics.memory_free_bytes)

@@ -1,0 +1,317 @@
+"""One llama-server process: its argv from the typed model config, its start in a process
+group of its own, readiness, layered health, and its stop.
+
+* **Loopback only.** The server is bound to 127.0.0.1 whatever the config says (the
+  host flag is the worker's, never `server_args`'); the local API is what others reach.
+* **Readiness** is `/health` 200, the model listed in `/v1/models`, then a one-token
+  warm-up. The startup timeout is progress-aware: while the server shows progress (its
+  log grows, it spends CPU time, its resident memory grows) the timeout starts again,
+  up to a hard cap. This llama-server logs only a few lines while loading, so the log
+  alone would not do.
+* **Stop**: SIGTERM to the group, SIGKILL after the grace period (agent/processes.py).
+  A pidfile per device names the process and its start time, so a runtime worker that
+  was SIGKILLed reaps its leftover servers when it starts again (`reap_leftovers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from agent.processes import start_process, stop_process
+from agent.runtime.backends import DeviceRef
+from agent.runtime.config import ModelSpec
+
+logger = logging.getLogger("modelforge.runtime.server")
+
+LOOPBACK = "127.0.0.1"
+# What llama.cpp prints when an allocation fails (CPU or GPU).
+_OOM_MARKS = ("out of memory", "failed to allocate", "cudaMalloc failed", "unable to allocate")
+
+
+class ServerFailed(Exception):
+    """The server could not be made ready; `code` is the runtime failure code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    startup_timeout_s: float
+    startup_cap_s: float
+    probe_interval_s: float
+    stop_grace_s: float
+
+
+@dataclass(frozen=True)
+class Health:
+    process_up: bool
+    health_ok: bool
+    model_listed: bool
+
+    @property
+    def ready(self) -> bool:
+        return self.process_up and self.health_ok and self.model_listed
+
+
+def server_argv(binary: Path, model: ModelSpec, port: int) -> list[str]:
+    """The complete argv: fixed loopback binding, then the typed fields, then the typed
+    escape hatch. Each value is one argv element; nothing passes through a shell."""
+    argv = [str(binary), "--model", str(model.path), "--host", LOOPBACK, "--port", str(port)]
+    argv += ["--alias", model.served_name]
+    numeric = {
+        "--ctx-size": model.ctx_size,
+        "--batch-size": model.batch_size,
+        "--ubatch-size": model.ubatch_size,
+        "--threads": model.threads,
+        "--threads-batch": model.threads_batch,
+        "--n-gpu-layers": model.gpu_layers,
+        "--main-gpu": model.main_gpu,
+    }
+    for flag, value in numeric.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if model.tensor_split is not None:
+        argv += ["--tensor-split", ",".join(f"{share:g}" for share in model.tensor_split)]
+    if model.flash_attn is not None:
+        argv += ["--flash-attn", "on" if model.flash_attn else "off"]
+    for name, arg in model.server_args.items():
+        if arg is True:
+            argv.append(f"--{name}")
+        elif arg is not False:
+            argv += [f"--{name}", str(arg)]
+    return argv
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class LlamaServer:
+    def __init__(
+        self,
+        binary: Path,
+        model: ModelSpec,
+        device: DeviceRef,
+        environment: dict[str, str],
+        run_dir: Path,
+        settings: ServerSettings,
+    ) -> None:
+        self.binary = binary
+        self.model = model
+        self.device = device
+        self.settings = settings
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        name = device.id.replace(":", "-")
+        self.log_path = run_dir / f"llama-server-{name}.log"
+        self.pidfile = run_dir / f"llama-server-{name}.json"
+        self._environment = environment
+        self._process: subprocess.Popen[bytes] | None = None
+        self.load_s: float | None = None
+        self.http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(10.0, read=None),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            trust_env=False,  # loopback: never through a proxy
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    async def start(self) -> float:
+        """Start the process and wait until it is ready; the load time in seconds."""
+        if not self.binary.is_file() or not os.access(self.binary, os.X_OK):
+            raise ServerFailed("binary_missing", f"{self.binary} is not an executable file")
+        if not self.model.path.is_file():
+            raise ServerFailed("artifact_missing", f"{self.model.path} is not a file")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        env.update(self._environment)
+        argv = server_argv(self.binary, self.model, self.port)
+        self.log_path.write_bytes(b"")  # this start's log only
+        started = time.monotonic()
+        self._process = start_process(argv, log_path=self.log_path, env=env)
+        write_pidfile(self.pidfile, self._process.pid, self.binary, self.port)
+        logger.info(
+            "llama-server for %s on %s started (pid %d, port %d)",
+            self.model.model_id,
+            self.device.id,
+            self._process.pid,
+            self.port,
+        )
+        try:
+            await self._wait_ready(started)
+        except BaseException:
+            await self.stop()
+            raise
+        self.load_s = time.monotonic() - started
+        logger.info(
+            "llama-server for %s on %s ready in %.2f s",
+            self.model.model_id,
+            self.device.id,
+            self.load_s,
+        )
+        return self.load_s
+
+    async def _wait_ready(self, started: float) -> None:
+        timeout, cap = self.settings.startup_timeout_s, self.settings.startup_cap_s
+        deadline = started + timeout
+        seen: tuple[int, float, int] | None = None
+        while True:
+            if not self.alive:
+                raise self._exited()
+            if (await self.health()).ready:
+                break
+            now = time.monotonic()
+            mark = self._progress_mark()
+            if mark != seen:  # the load is still getting somewhere
+                seen = mark
+                deadline = now + timeout
+            if now >= min(deadline, started + cap):
+                raise ServerFailed(
+                    "startup_timeout",
+                    f"{self.model.model_id} was not ready after {now - started:.1f} s",
+                )
+            await asyncio.sleep(self.settings.probe_interval_s)
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        body = {
+            "model": self.model.served_name,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        }
+        try:
+            response = await self.http.post("/v1/chat/completions", json=body, timeout=60)
+        except httpx.HTTPError as exc:
+            raise (
+                self._exited()
+                if not self.alive
+                else ServerFailed("inference_failed", f"warm-up: {type(exc).__name__}")
+            ) from None
+        if response.status_code != 200:
+            raise ServerFailed("inference_failed", f"warm-up answered {response.status_code}")
+
+    async def health(self) -> Health:
+        if not self.alive:
+            return Health(process_up=False, health_ok=False, model_listed=False)
+        try:
+            health = await self.http.get("/health", timeout=2)
+            if health.status_code != 200:
+                return Health(process_up=True, health_ok=False, model_listed=False)
+            models = await self.http.get("/v1/models", timeout=2)
+            listed = models.status_code == 200 and self.model.served_name in _model_ids(models)
+        except httpx.HTTPError:
+            return Health(process_up=True, health_ok=False, model_listed=False)
+        return Health(process_up=True, health_ok=True, model_listed=listed)
+
+    def _progress_mark(self) -> tuple[int, float, int]:
+        """What changes while a load makes progress: the log (llama.cpp reports some
+        steps there), the CPU time it spends and the memory it maps in. A server stuck
+        waiting on something changes none of them."""
+        try:
+            process = psutil.Process(self.pid or -1)
+            times = process.cpu_times()
+            cpu, rss = round(times.user + times.system, 2), process.memory_info().rss
+        except psutil.Error:
+            cpu, rss = 0.0, 0
+        return _size(self.log_path), cpu, rss
+
+    def _exited(self) -> ServerFailed:
+        code = self._process.poll() if self._process is not None else None
+        tail = _tail(self.log_path)
+        if any(mark in tail.lower() for mark in _OOM_MARKS):
+            return ServerFailed("out_of_memory", f"llama-server ran out of memory (exit {code})")
+        return ServerFailed("process_exited", f"llama-server exited with status {code}")
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            grace = self.settings.stop_grace_s
+            await asyncio.to_thread(stop_process, process, timeout_s=grace)
+            logger.info("llama-server for %s on %s stopped", self.model.model_id, self.device.id)
+        self.pidfile.unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.http.aclose()
+
+
+def _model_ids(response: httpx.Response) -> set[str]:
+    try:
+        return {str(m.get("id")) for m in response.json().get("data", [])}
+    except (ValueError, AttributeError):
+        return set()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail(path: Path, size: int = 8192) -> str:
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, _size(path) - size))
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------ leftovers
+
+
+def write_pidfile(path: Path, pid: int, binary: Path, port: int) -> None:
+    created = psutil.Process(pid).create_time()
+    staged = path.with_suffix(".tmp")
+    record = {"pid": pid, "create_time": created, "binary": str(binary), "port": port}
+    staged.write_text(json.dumps(record))
+    os.replace(staged, path)
+
+
+def reap_leftovers(run_dir: Path) -> int:
+    """Stop the servers an earlier run of this worker left behind; how many there were.
+    A pidfile's process is ours only if its start time and binary still match (a pid
+    can have been reused)."""
+    reaped = 0
+    for pidfile in run_dir.glob("llama-server-*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
+            recorded = json.loads(pidfile.read_text())
+            process = psutil.Process(int(recorded["pid"]))
+            same = abs(process.create_time() - float(recorded["create_time"])) < 0.01
+            if same and process.exe() == str(Path(recorded["binary"]).resolve()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGTERM)
+                _, alive = psutil.wait_procs([process], timeout=10)
+                for leftover in alive:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(leftover.pid, signal.SIGKILL)
+                reaped += 1
+                logger.warning("reaped a leftover llama-server (pid %d)", process.pid)
+        pidfile.unlink(missing_ok=True)
+    return reaped

@@ -1,0 +1,213 @@
+"""Operator routes for the runtime: profiles (immutable versions), environments (the
+binaries nodes reported), runtime probes (create, list, get, cancel), their evidence,
+and a node's last runtime report. Included in the admin router (operator check)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.deps import AdminTransaction
+from api.errors import NotFound, error_responses
+from schemas.admin import PageLimit
+from schemas.base import CountParam
+from schemas.events import OPERATOR_ACTOR
+from schemas.jobs import JobState
+from schemas.protocol import (
+    NODES,
+    RUNTIME_ENVIRONMENTS,
+    RUNTIME_EVIDENCE,
+    RUNTIME_PROBES,
+    RUNTIME_PROFILES,
+)
+from schemas.runtime import (
+    EvidenceList,
+    EvidenceView,
+    LlamaSettings,
+    ProbeCreate,
+    ProbeEvidence,
+    ProbeFailureView,
+    ProbeHealth,
+    ProbeList,
+    ProbeView,
+    ProfileCreate,
+    RuntimeEnvironmentList,
+    RuntimeEnvironmentView,
+    RuntimeProfileList,
+    RuntimeProfileView,
+)
+from schemas.runtime_local import NodeRuntimeView
+from store import leases, nodes, runtime
+from store.models import Job, Node
+from store.runtime_tables import RuntimeEnvironment, RuntimeProfile
+
+router = APIRouter()
+
+
+def profile_view(profile: RuntimeProfile) -> RuntimeProfileView:
+    return RuntimeProfileView(
+        id=profile.id,
+        name=profile.name,
+        version=profile.version,
+        settings=LlamaSettings.model_validate(profile.settings),
+        created_at=profile.created_at,
+    )
+
+
+def environment_view(environment: RuntimeEnvironment) -> RuntimeEnvironmentView:
+    return RuntimeEnvironmentView(
+        id=environment.id,
+        binary_sha256=environment.binary_sha256,
+        version=environment.version,
+        backend=environment.backend,
+        first_reported_at=environment.first_reported_at,
+        first_node_id=environment.first_node_id,
+    )
+
+
+def probe_view(job: Job) -> ProbeView:
+    failure = (
+        ProbeFailureView(
+            code=job.failure_code,
+            retryable=bool(job.failure_retryable),
+            detail=job.failure_detail or "",
+        )
+        if job.failure_code
+        else None
+    )
+    return ProbeView(
+        id=job.id,
+        node_id=job.node_id,
+        state=JobState(job.state),
+        spec=runtime.probe_spec(job),
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        available_at=job.available_at,
+        lease_epoch=job.lease_epoch,
+        lease_expires_at=job.lease_expires_at if job.state == JobState.LEASED.value else None,
+        cancel_requested=job.cancel_requested_at is not None,
+        phase=(job.progress or {}).get("phase"),
+        failure=failure,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+    )
+
+
+@router.post(RUNTIME_PROFILES, status_code=status.HTTP_201_CREATED, responses=error_responses(409))
+async def create_runtime_profile(
+    body: ProfileCreate, session: AdminTransaction
+) -> RuntimeProfileView:
+    """The next version of the named profile; earlier versions stay as they were."""
+    profile = await runtime.create_profile(session, body.name, body.settings, actor=OPERATOR_ACTOR)
+    return profile_view(profile)
+
+
+@router.get(RUNTIME_PROFILES)
+async def list_runtime_profiles(
+    session: AdminTransaction,
+    name: Annotated[str | None, Query(max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")] = None,
+) -> RuntimeProfileList:
+    return RuntimeProfileList(
+        items=[profile_view(p) for p in await runtime.profiles(session, name)]
+    )
+
+
+@router.get(RUNTIME_PROFILES + "/{profile_id}", responses=error_responses(404))
+async def get_runtime_profile(
+    profile_id: uuid.UUID, session: AdminTransaction
+) -> RuntimeProfileView:
+    profile = await session.get(RuntimeProfile, profile_id)
+    if profile is None:
+        raise NotFound(f"no runtime profile {profile_id}")
+    return profile_view(profile)
+
+
+@router.get(RUNTIME_ENVIRONMENTS)
+async def list_runtime_environments(session: AdminTransaction) -> RuntimeEnvironmentList:
+    rows = await runtime.environments(session)
+    return RuntimeEnvironmentList(items=[environment_view(e) for e in rows])
+
+
+@router.post(
+    RUNTIME_PROBES, status_code=status.HTTP_201_CREATED, responses=error_responses(404, 409)
+)
+async def create_runtime_probe(body: ProbeCreate, session: AdminTransaction) -> ProbeView:
+    """A runtime.probe.v1 job: the artifact resolved from the node's artifact inventory,
+    the profile and environment by identity, the fixed probe input."""
+    return probe_view(await runtime.create_probe(session, body, actor=OPERATOR_ACTOR))
+
+
+@router.get(RUNTIME_PROBES)
+async def list_runtime_probes(
+    session: AdminTransaction,
+    node_id: uuid.UUID | None = None,
+    state: Annotated[list[JobState] | None, Query()] = None,
+    limit: PageLimit = 100,
+    offset: CountParam = 0,
+) -> ProbeList:
+    rows = await leases.list_jobs(
+        session,
+        kind=runtime.PROBE,
+        node_id=node_id,
+        states=state or [],
+        limit=limit,
+        offset=offset,
+    )
+    return ProbeList(items=[probe_view(job) for job in rows])
+
+
+async def _probe(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    return await runtime.get_probe(session, job_id, lock=lock)
+
+
+@router.get(RUNTIME_PROBES + "/{job_id}", responses=error_responses(404))
+async def get_runtime_probe(job_id: uuid.UUID, session: AdminTransaction) -> ProbeView:
+    return probe_view(await _probe(session, job_id))
+
+
+@router.post(RUNTIME_PROBES + "/{job_id}/cancel", responses=error_responses(404, 409))
+async def cancel_runtime_probe(job_id: uuid.UUID, session: AdminTransaction) -> ProbeView:
+    job = await _probe(session, job_id, lock=True)
+    leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
+    return probe_view(job)
+
+
+@router.get(RUNTIME_EVIDENCE)
+async def list_runtime_evidence(
+    session: AdminTransaction, node_id: uuid.UUID | None = None
+) -> EvidenceList:
+    """The latest evidence per (node, device, artifact, profile, environment)."""
+    rows = await runtime.evidence(session, node_id)
+    return EvidenceList(
+        items=[
+            EvidenceView(
+                node_id=row.node_id,
+                device_id=row.device_id,
+                artifact_digest=row.artifact_digest,
+                artifact_path=row.artifact_path,
+                profile_id=row.profile_id,
+                environment_id=row.environment_id,
+                health=ProbeHealth.model_validate(row.health),
+                evidence=ProbeEvidence.model_validate(row.evidence),
+                job_id=row.job_id,
+                recorded_at=row.recorded_at,
+            )
+            for row in rows
+        ]
+    )
+
+
+@router.get(NODES + "/{node_id}/runtime", responses=error_responses(404))
+async def get_node_runtime(node_id: uuid.UUID, session: AdminTransaction) -> NodeRuntimeView:
+    """The node's last applied runtime report (devices, served and loaded models, queue
+    depths, binaries); empty until its runtime worker reports."""
+    if await session.get(Node, node_id) is None:
+        raise NotFound(f"no node {node_id}")
+    report = await runtime.node_runtime(session, node_id)
+    if report is None:
+        return NodeRuntimeView(devices=[], served_models=[], loaded_models=[], reported=False)
+    return NodeRuntimeView.model_validate({**report, "reported": True})

@@ -1,0 +1,127 @@
+"""The runtime worker's protocol routes: its report stream (ordered like inventory), and
+runtime.probe.v1 jobs over the shared leases (store/leases.py), with the same fencing
+as artifact jobs: only the node the probe belongs to, under its current lease."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from fastapi import APIRouter, Response, status
+
+from api.agent.ingest import ingest_runtime
+from api.deps import NodeRequest, NodeTransaction
+from api.errors import error_responses
+from schemas.agent import IngestResult
+from schemas.events import node_actor
+from schemas.jobs import FailAnswer, JobState, LeaseFence, ProgressAnswer
+from schemas.protocol import (
+    RUNTIME,
+    RUNTIME_PROBE_COMPLETE,
+    RUNTIME_PROBE_FAIL,
+    RUNTIME_PROBE_PROGRESS,
+    RUNTIME_PROBES_NEXT,
+)
+from schemas.runtime import ProbeClaim, ProbeComplete, ProbeFail, ProbeOutcome, ProbeProgress
+from schemas.runtime_local import RuntimeReport
+from store import leases, runtime
+from store.models import Job
+
+router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
+REPORT = error_responses(404)
+
+
+async def _held(request: NodeRequest, job_id: uuid.UUID, fence: LeaseFence) -> tuple[Job, datetime]:
+    return await leases.held(
+        request.session,
+        kind=runtime.PROBE,
+        job_id=job_id,
+        node_id=request.node.node_id,
+        fence=fence,
+    )
+
+
+@router.put(RUNTIME)
+async def runtime_report(body: RuntimeReport, request: NodeTransaction) -> IngestResult:
+    """Devices, loaded and served models, queue depths and the binaries it has."""
+    return await ingest_runtime(
+        request.session,
+        request.node,
+        body,
+        future_skew_limit_s=request.state.settings.future_skew_limit_s,
+    )
+
+
+@router.get(
+    RUNTIME_PROBES_NEXT,
+    response_model=ProbeClaim,
+    responses={204: {"description": "nothing to do"}},
+)
+async def claim_runtime_probe(request: NodeTransaction) -> ProbeClaim | Response:
+    job = await leases.claim(
+        request.session,
+        kind=runtime.PROBE,
+        node_id=request.node.node_id,
+        policy=request.state.leases,
+        actor=node_actor(request.node.node_id),
+    )
+    if job is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return ProbeClaim(
+        job_id=job.id,
+        attempt=job.attempt,
+        spec=runtime.probe_spec(job),
+        lease=leases.lease_of(job, request.state.leases),
+    )
+
+
+@router.post(RUNTIME_PROBE_PROGRESS, responses=REPORT)
+async def report_probe_progress(
+    job_id: uuid.UUID, body: ProbeProgress, request: NodeTransaction
+) -> ProgressAnswer:
+    """The phase; extends the lease. The answer says whether to stop (cancelled)."""
+    job, now = await _held(request, job_id, body.lease)
+    job.progress = {"phase": body.phase, "reported_at": now.isoformat()}
+    policy = request.state.leases
+    leases.extend(job, now, policy)
+    return ProgressAnswer(
+        job_id=job.id,
+        cancel_requested=job.cancel_requested_at is not None,
+        lease=leases.lease_of(job, policy),
+    )
+
+
+@router.post(RUNTIME_PROBE_COMPLETE, responses=REPORT)
+async def complete_runtime_probe(
+    job_id: uuid.UUID, body: ProbeComplete, request: NodeTransaction
+) -> ProbeOutcome:
+    """Layered health and measured evidence; stored per (node, device, artifact,
+    profile, environment)."""
+    job, now = await _held(request, job_id, body.lease)
+    await runtime.complete_probe(
+        request.session, job, body, now, actor=node_actor(request.node.node_id)
+    )
+    return ProbeOutcome(job_id=job.id, state=JobState(job.state))
+
+
+@router.post(RUNTIME_PROBE_FAIL, responses=REPORT)
+async def fail_runtime_probe(
+    job_id: uuid.UUID, body: ProbeFail, request: NodeTransaction
+) -> FailAnswer:
+    """A normalised runtime failure. Retried with backoff while it may help."""
+    job, now = await _held(request, job_id, body.lease)
+    leases.fail(
+        request.session,
+        job,
+        now,
+        request.state.leases,
+        code=body.code,
+        retryable=body.retryable,
+        detail=body.detail,
+        actor=node_actor(request.node.node_id),
+    )
+    return FailAnswer(
+        job_id=job.id,
+        state=JobState(job.state),
+        retry_at=job.available_at if job.state == JobState.QUEUED.value else None,
+    )

@@ -1,0 +1,324 @@
+"""The runtime's settings and identities: LlamaSettings (a configured model's and a
+RuntimeProfile's llama-server settings), RuntimeProfile and RuntimeEnvironment, and the
+runtime jobs' probe input, health and evidence."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
+
+from schemas.artifacts import CommitId, Repository
+from schemas.base import (
+    SAFE_INT_MAX,
+    Count,
+    FilePath,
+    Flag,
+    Integer,
+    Note,
+    Number,
+    Text,
+    WireModel,
+    json_integer,
+)
+from schemas.jobs import Attempts, JobState, Lease, LeaseFence
+
+# llama-server flags in `server_args`: lower-case words joined by dashes, no leading dash.
+SERVER_FLAG_PATTERN: Final = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+# Where the server listens, what it loads, what it fetches or exposes, and the flags of
+# the structured fields: set by the runtime worker or by those fields, never by
+# `server_args`.
+MANAGED_FLAGS: Final = frozenset(
+    {
+        "host", "port", "model", "m", "alias", "a", "model-url", "mu", "hf-repo", "hfr",
+        "hf-file", "hff", "hf-token", "hft", "hf-repo-draft", "hfd", "docker-repo", "dr",
+        "api-key", "api-key-file", "ssl-key-file", "ssl-cert-file", "path", "webui",
+        "no-webui", "log-file", "ctx-size", "c", "batch-size", "b", "ubatch-size", "ub",
+        "threads", "t", "threads-batch", "tb", "gpu-layers", "n-gpu-layers", "ngl",
+        "main-gpu", "mg", "tensor-split", "ts", "flash-attn", "fa", "device", "dev", "slots",
+        "props", "metrics", "rpc", "lora", "lora-scaled", "control-vector", "mmproj",
+        "mmproj-url", "model-draft", "md", "models-dir", "models-preset",
+    }
+)  # fmt: skip
+
+
+def _not_managed(name: str) -> str:
+    if name in MANAGED_FLAGS:
+        raise ValueError(f"server_args: --{name} is set by the runtime worker or a field")
+    return name
+
+
+# A `server_args` key; the JSON Schema says both rules (its pattern, and not a managed
+# flag), so a client's validator and ours agree.
+FlagName = Annotated[
+    str,
+    Strict(),
+    Field(max_length=64, pattern=SERVER_FLAG_PATTERN),
+    AfterValidator(_not_managed),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": 64,
+            "pattern": SERVER_FLAG_PATTERN,
+            "not": {"enum": sorted(MANAGED_FLAGS)},
+        }
+    ),
+]
+ServerArg = Flag | Integer | Number | Annotated[Text, Field(max_length=256)]
+# As for Labels (schemas/base.py): patternProperties alone would admit any other key.
+ServerArgs = Annotated[
+    dict[FlagName, ServerArg],
+    Field(max_length=64, json_schema_extra={"additionalProperties": False}),
+]
+Share = Annotated[Number, Field(ge=0)]
+# Whole numbers within their own bounds (a bound on an alias of Count would not reach
+# the JSON Schema: the inner one wins there).
+PositiveCount = Annotated[
+    int, Strict(), Field(ge=1, le=SAFE_INT_MAX), BeforeValidator(json_integer)
+]
+ThreadCount = Annotated[int, Strict(), Field(ge=1, le=4096), BeforeValidator(json_integer)]
+GpuLayers = Annotated[int, Strict(), Field(ge=-1, le=100_000), BeforeValidator(json_integer)]
+GpuIndex = Annotated[int, Strict(), Field(ge=0, le=1024), BeforeValidator(json_integer)]
+
+
+class LlamaSettings(WireModel):
+    """The structured llama-server settings (a RuntimeProfile's content, and every
+    configured model's), and the typed escape hatch for the rest."""
+
+    ctx_size: Count | None = None
+    batch_size: PositiveCount | None = None
+    ubatch_size: PositiveCount | None = None
+    threads: ThreadCount | None = None
+    threads_batch: ThreadCount | None = None
+    # -1: all layers.
+    gpu_layers: GpuLayers | None = None
+    main_gpu: GpuIndex | None = None
+    tensor_split: Annotated[list[Share], Field(min_length=1, max_length=64)] | None = None
+    flash_attn: Flag | None = None
+    server_args: ServerArgs = Field(default_factory=dict)
+
+
+# Profiles and environments -----------------------------------------------------------
+
+
+ProfileName = Annotated[
+    str, Strict(), Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+]
+
+
+class ProfileCreate(WireModel):
+    """POST …/runtime/profiles: the next version of the profile of that name (a change
+    is a new version, never an edit)."""
+
+    name: ProfileName
+    settings: LlamaSettings
+
+
+class RuntimeProfileView(WireModel):
+    id: uuid.UUID
+    name: str
+    version: int
+    settings: LlamaSettings
+    created_at: datetime
+
+
+Sha256Hex = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class EnvironmentReport(WireModel):
+    """A llama-server binary the runtime worker has: its digest and what it says its
+    version is."""
+
+    binary_sha256: Sha256Hex
+    version: Annotated[Text, Field(min_length=1, max_length=200)]
+    backend: Literal["cpu", "cuda"]
+
+
+class RuntimeEnvironmentView(WireModel):
+    """Immutable: identified by the binary's digest; first reported by a node."""
+
+    id: uuid.UUID
+    binary_sha256: str
+    version: str
+    backend: str
+    first_reported_at: datetime
+    first_node_id: uuid.UUID
+
+
+# Probes --------------------------------------------------------------------------------
+
+
+class RuntimeFailure(StrEnum):
+    BINARY_MISSING = "binary_missing"
+    BINARY_DIGEST_MISMATCH = "binary_digest_mismatch"
+    ARTIFACT_MISSING = "artifact_missing"
+    ARTIFACT_DIGEST_MISMATCH = "artifact_digest_mismatch"
+    STARTUP_TIMEOUT = "startup_timeout"
+    PROCESS_EXITED = "process_exited"
+    OUT_OF_MEMORY = "out_of_memory"
+    INFERENCE_FAILED = "inference_failed"
+    UNSUPPORTED_BACKEND = "unsupported_backend"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+# The fixed technical probe input: the same for every probe, so evidence compares.
+PROBE_PROMPT: Final = "Reply with the single word: ready."
+PROBE_MAX_TOKENS: Final = 8
+DeviceId = Annotated[str, Strict(), Field(pattern=r"^(cpu|gpu:[0-9]{1,4})$")]
+
+
+class ArtifactRef(WireModel):
+    """An artifact file in the node's inventory (recorded by a completed artifact job)."""
+
+    repository: Repository
+    commit: CommitId
+    path: FilePath
+
+
+class ProbeCreate(WireModel):
+    """POST …/runtime-probes. The control plane resolves the artifact to its exact path
+    and digest on the node; the job carries nothing else but identities."""
+
+    node_id: uuid.UUID
+    artifact: ArtifactRef
+    profile_id: uuid.UUID
+    environment_id: uuid.UUID
+    # None: the runtime worker chooses (the device selection rule).
+    device_id: DeviceId | None = None
+    max_attempts: Attempts = 3
+
+
+class ProbeSpec(WireModel):
+    """What a runtime.probe.v1 lease carries: exact values only."""
+
+    artifact_path: str
+    artifact_digest: Sha256Hex
+    profile_id: uuid.UUID
+    profile_version: int
+    settings: LlamaSettings
+    environment_id: uuid.UUID
+    binary_sha256: str
+    device_id: str | None = None
+    prompt: str = PROBE_PROMPT
+    max_tokens: int = PROBE_MAX_TOKENS
+
+
+class ProbeClaim(WireModel):
+    job_id: uuid.UUID
+    kind: Literal["runtime.probe.v1"] = "runtime.probe.v1"
+    attempt: int
+    spec: ProbeSpec
+    lease: Lease
+
+
+class ProbeProgress(WireModel):
+    lease: LeaseFence
+    # Where the probe is: verifying, loading, probing.
+    phase: Literal["verifying", "loading", "probing"]
+
+
+class ProbeHealth(WireModel):
+    """Layered: each layer only if the one before it held."""
+
+    process_up: Flag
+    health_ok: Flag
+    model_listed: Flag
+    inference_ok: Flag
+
+
+Seconds = Annotated[Number, Field(ge=0, le=86_400)]
+Rate = Annotated[Number, Field(ge=0, le=1e9)]
+
+
+class ProbeEvidence(WireModel):
+    load_s: Seconds
+    time_to_first_token_s: Seconds
+    prompt_tokens_per_s: Rate | None = None
+    generation_tokens_per_s: Rate | None = None
+    peak_rss_bytes: Count | None = None
+    # Where the device reports it (NVML).
+    vram_used_bytes: Count | None = None
+    # Seconds the device took to show memory freed after the server it replaced.
+    settle_s: Seconds | None = None
+
+
+class ProbeComplete(WireModel):
+    lease: LeaseFence
+    device_id: DeviceId
+    health: ProbeHealth
+    evidence: ProbeEvidence
+
+
+class ProbeOutcome(WireModel):
+    job_id: uuid.UUID
+    state: JobState
+
+
+class ProbeFail(WireModel):
+    lease: LeaseFence
+    code: RuntimeFailure
+    retryable: Flag
+    detail: Note = ""
+    # Layers that held before the failure, when known.
+    health: ProbeHealth | None = None
+
+
+class EvidenceView(WireModel):
+    """The latest evidence per (node, device, artifact, profile, environment)."""
+
+    node_id: uuid.UUID
+    device_id: str
+    artifact_digest: str
+    artifact_path: str
+    profile_id: uuid.UUID
+    environment_id: uuid.UUID
+    health: ProbeHealth
+    evidence: ProbeEvidence
+    job_id: uuid.UUID
+    recorded_at: datetime
+
+
+class EvidenceList(WireModel):
+    items: list[EvidenceView]
+
+
+class ProbeFailureView(WireModel):
+    # A RuntimeFailure, or the control plane's own verdict (lease_expired).
+    code: str
+    retryable: bool
+    detail: str = ""
+
+
+class ProbeView(WireModel):
+    id: uuid.UUID
+    kind: Literal["runtime.probe.v1"] = "runtime.probe.v1"
+    node_id: uuid.UUID
+    state: JobState
+    spec: ProbeSpec
+    attempt: int
+    max_attempts: int
+    available_at: datetime
+    lease_epoch: int
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    phase: str | None
+    failure: ProbeFailureView | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class ProbeList(WireModel):
+    items: list[ProbeView]
+
+
+class RuntimeProfileList(WireModel):
+    items: list[RuntimeProfileView]
+
+
+class RuntimeEnvironmentList(WireModel):
+    items: list[RuntimeEnvironmentView]

@@ -1,0 +1,259 @@
+"""Runtime rules shared by the API and the workers: profiles as immutable versions,
+environments as the binaries nodes reported, the runtime workers' reports in sequence
+order, and runtime.probe.v1 jobs over the shared leases (store/leases.py) with the
+evidence their completion records."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, literal, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.artifacts import DigestAlgorithm
+from schemas.errors import ErrorCode
+from schemas.events import EventType, RuntimeProfileCreated
+from schemas.jobs import JobKind, JobState
+from schemas.runtime import (
+    EnvironmentReport,
+    LlamaSettings,
+    ProbeComplete,
+    ProbeCreate,
+    ProbeSpec,
+)
+from schemas.runtime_local import RuntimeReport
+from store import changes, leases, nodes
+from store.errors import Invalid, Missing
+from store.models import Job, NodeArtifact, NodeStream
+from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
+
+PROBE = JobKind.RUNTIME_PROBE
+RUNTIME_STREAM = "runtime"
+# First key of the advisory lock that numbers a profile name's versions: "mfrp".
+_PROFILE_LOCK = 0x6D667270
+
+
+# ------------------------------------------------------------------ profiles
+
+
+async def create_profile(
+    session: AsyncSession, name: str, settings: LlamaSettings, *, actor: str
+) -> RuntimeProfile:
+    """The next version of the named profile. Versions of one name are numbered under
+    a lock on the name, so concurrent creations get distinct, gapless versions."""
+    await session.execute(
+        select(func.pg_advisory_xact_lock(_PROFILE_LOCK, func.hashtext(literal(name))))
+    )
+    latest = (
+        await session.execute(
+            select(func.max(RuntimeProfile.version)).where(RuntimeProfile.name == name)
+        )
+    ).scalar_one()
+    profile = RuntimeProfile(
+        id=uuid.uuid4(),
+        name=name,
+        version=(latest or 0) + 1,
+        settings=settings.model_dump(mode="json"),
+        created_at=await nodes.now(session),
+    )
+    session.add(profile)
+    changes.record(
+        session,
+        EventType.RUNTIME_PROFILE_CREATED,
+        RuntimeProfileCreated(profile_id=profile.id, name=name, version=profile.version),
+        actor=actor,
+    )
+    return profile
+
+
+async def profiles(session: AsyncSession, name: str | None = None) -> list[RuntimeProfile]:
+    query = select(RuntimeProfile).order_by(RuntimeProfile.name, RuntimeProfile.version)
+    if name is not None:
+        query = query.where(RuntimeProfile.name == name)
+    return list((await session.execute(query)).scalars().all())
+
+
+async def environments(session: AsyncSession) -> list[RuntimeEnvironment]:
+    query = select(RuntimeEnvironment).order_by(RuntimeEnvironment.first_reported_at)
+    return list((await session.execute(query)).scalars().all())
+
+
+# ------------------------------------------------------------------ reports
+
+
+async def record_environments(
+    session: AsyncSession, node_id: uuid.UUID, report: RuntimeReport, now: datetime
+) -> None:
+    """Every binary an applied runtime report lists becomes an environment the first
+    time any node reports it (immutable from then on: identified by its digest)."""
+    for binary in report.environments:
+        await _environment(session, binary, node_id, now)
+
+
+async def _environment(
+    session: AsyncSession, binary: EnvironmentReport, node_id: uuid.UUID, now: datetime
+) -> None:
+    await session.execute(
+        insert(RuntimeEnvironment)
+        .values(
+            id=uuid.uuid4(),
+            binary_sha256=binary.binary_sha256,
+            version=binary.version,
+            backend=binary.backend,
+            first_reported_at=now,
+            first_node_id=node_id,
+        )
+        .on_conflict_do_nothing(index_elements=["binary_sha256"])
+    )
+
+
+async def node_runtime(session: AsyncSession, node_id: uuid.UUID) -> dict[str, Any] | None:
+    """The node's last applied runtime report (devices, models, queues, binaries)."""
+    payload = (
+        await session.execute(
+            select(NodeStream.good_payload).where(
+                NodeStream.node_id == node_id, NodeStream.stream == RUNTIME_STREAM
+            )
+        )
+    ).scalar_one_or_none()
+    return payload
+
+
+# ------------------------------------------------------------------ probes
+
+
+async def _artifact_file(
+    session: AsyncSession, node_id: uuid.UUID, request: ProbeCreate
+) -> tuple[str, str]:
+    """(absolute path on the node, sha256) of the artifact file, from the node's
+    artifact inventory; 422 when the node has no such verified file."""
+    ref = request.artifact
+    rows = (
+        await session.execute(
+            select(NodeArtifact).where(
+                NodeArtifact.node_id == node_id,
+                NodeArtifact.repository == ref.repository,
+                NodeArtifact.commit == ref.commit,
+            )
+        )
+    ).scalars()
+    for artifact in rows:
+        for entry in artifact.files:
+            digest = entry.get("digest") or {}
+            if entry.get("path") == ref.path and digest.get("algorithm") == DigestAlgorithm.SHA256:
+                path = f"{artifact.root}/{artifact.repository}/{artifact.commit}/{ref.path}"
+                return path, str(digest["value"])
+    raise Invalid(
+        "the node has no verified copy of that artifact file with a sha256 digest"
+        " (acquire it with an artifact job first)",
+        code=ErrorCode.ARTIFACT_NOT_ON_NODE,
+    )
+
+
+async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: str) -> Job:
+    node = await nodes.schedulable(session, request.node_id, locked=True)
+    profile = await session.get(RuntimeProfile, request.profile_id)
+    if profile is None:
+        raise Invalid("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
+    environment = await session.get(RuntimeEnvironment, request.environment_id)
+    if environment is None:
+        raise Invalid("no such runtime environment", code=ErrorCode.ENVIRONMENT_UNKNOWN)
+    reported = await node_runtime(session, node.id)
+    listed = (reported or {}).get("environments", [])
+    binaries = {entry["binary_sha256"] for entry in listed}
+    if environment.binary_sha256 not in binaries:
+        raise Invalid(
+            "the node's runtime worker does not report that environment's binary",
+            code=ErrorCode.ENVIRONMENT_NOT_ON_NODE,
+        )
+    path, digest = await _artifact_file(session, node.id, request)
+    spec = ProbeSpec(
+        artifact_path=path,
+        artifact_digest=digest,
+        profile_id=profile.id,
+        profile_version=profile.version,
+        settings=LlamaSettings.model_validate(profile.settings),
+        environment_id=environment.id,
+        binary_sha256=environment.binary_sha256,
+        device_id=request.device_id,
+    )
+    now = await nodes.now(session)
+    job = Job(
+        id=uuid.uuid4(),
+        kind=PROBE.value,
+        node_id=node.id,
+        state=JobState.QUEUED.value,
+        spec=spec.model_dump(mode="json"),
+        attempt=0,
+        max_attempts=request.max_attempts,
+        available_at=now,
+        lease_epoch=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    changes.record(session, EventType.JOB_CREATED, leases.event(job), actor=actor)
+    return job
+
+
+def probe_spec(job: Job) -> ProbeSpec:
+    return ProbeSpec.model_validate(job.spec)
+
+
+async def complete_probe(
+    session: AsyncSession, job: Job, report: ProbeComplete, now: datetime, *, actor: str
+) -> None:
+    """Record the evidence (the latest per node, device, artifact, profile and
+    environment) and complete the job."""
+    spec = probe_spec(job)
+    health = report.health.model_dump(mode="json")
+    evidence = report.evidence.model_dump(mode="json")
+    await session.execute(
+        insert(RuntimeEvidence)
+        .values(
+            node_id=job.node_id,
+            device_id=report.device_id,
+            artifact_digest=spec.artifact_digest,
+            profile_id=spec.profile_id,
+            environment_id=spec.environment_id,
+            artifact_path=spec.artifact_path,
+            health=health,
+            evidence=evidence,
+            job_id=job.id,
+            recorded_at=now,
+        )
+        .on_conflict_do_update(
+            index_elements=[
+                "node_id",
+                "device_id",
+                "artifact_digest",
+                "profile_id",
+                "environment_id",
+            ],
+            set_={
+                "health": health,
+                "evidence": evidence,
+                "job_id": job.id,
+                "recorded_at": now,
+                "artifact_path": spec.artifact_path,
+            },
+        )
+    )
+    leases.complete(session, job, now, actor=actor)
+
+
+async def evidence(session: AsyncSession, node_id: uuid.UUID | None) -> list[RuntimeEvidence]:
+    query = select(RuntimeEvidence).order_by(RuntimeEvidence.recorded_at.desc())
+    if node_id is not None:
+        query = query.where(RuntimeEvidence.node_id == node_id)
+    return list((await session.execute(query)).scalars().all())
+
+
+async def get_probe(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
+    if job is None or job.kind != PROBE.value:
+        raise Missing(f"no runtime probe {job_id}", code=ErrorCode.NOT_FOUND)
+    return job
