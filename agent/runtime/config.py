@@ -67,7 +67,8 @@ class RuntimeConfig(BaseSettings):
     report_interval_s: float = Field(default=30.0, gt=0)
     job_poll_interval_s: float = Field(default=5.0, gt=0)
     llama_server_path: Path
-    models: list[ModelSpec] = Field(min_length=1, max_length=256)
+    # The models the local endpoints serve (none: a worker that only runs probes).
+    models: list[ModelSpec] = Field(default_factory=list, max_length=256)
     backends: list[Backend] = Field(default_factory=_cpu_only, min_length=1)
     # The local OpenAI-compatible endpoints. llama-server itself always listens on
     # 127.0.0.1 (not configurable).

@@ -13,14 +13,14 @@ import pytest
 
 from schemas.protocol import ARTIFACT_JOBS, NODES
 from stack.embedded_nats import EmbeddedNats
-from tests.agent.harness import AgentProcess, admin, identity, new_token, wait_until, write_config
+from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
+from tests.agent.harness import admin, wait_until
 from tests.api_server import RunningApi
 from tests.artifact_flows import content, file_entry
 from tests.hub_server import HubServer
 from tests.worker_processes import Workers
 
 ApiFactory = Callable[..., RunningApi]
-StartAgent = Callable[..., AgentProcess]
 
 REPO = "acme/tiny-model"
 COMMIT = "00112233445566778899aabbccddeeff00112233"
@@ -35,40 +35,6 @@ def job_api(api_factory: ApiFactory) -> RunningApi:
     return api_factory(job_lease_s=5, job_retry_base_s=0.2)
 
 
-def start_agent(
-    api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path, **config: Any
-) -> tuple[AgentProcess, str, Path]:
-    """An enrolled agent offering one artifact root: (process, node id, root)."""
-    root = tmp_path / "models"
-    root.mkdir(exist_ok=True)
-    state = tmp_path / "state"
-    settings: dict[str, Any] = {
-        "api_url": api.base_url,
-        "state_dir": str(state),
-        "enrollment_token": new_token(api),
-        "hostname": "gpu-artifacts",
-        "collector": "none",
-        "artifact_roots": [str(root)],
-        "artifact_source_url": hub.url,
-        "job_poll_interval_s": 0.3,
-        "artifact_progress_interval_s": 0.2,
-        "artifact_stall_s": 1.5,
-    }
-    settings.update(config)
-    path = write_config(tmp_path / "agent.yaml", **settings)
-    agent = agents(path)
-    agent.wait_for_log(r"enrolled as node|resuming as node")
-    node_id = identity(state)["node_id"]
-    wait_until(lambda: _offers(api, node_id, str(root)), what="the root in the inventory")
-    return agent, node_id, root
-
-
-def _offers(api: RunningApi, node_id: str, root: str) -> bool:
-    detail = admin(api, "GET", f"{NODES}/{node_id}")
-    inventory = detail.get("inventory") or {}
-    return root in (inventory.get("host") or {}).get("artifact_roots", [])
-
-
 def manifest(files: dict[str, bytes] = FILES) -> dict[str, Any]:
     return {
         "repository": REPO,
@@ -77,28 +43,12 @@ def manifest(files: dict[str, bytes] = FILES) -> dict[str, Any]:
     }
 
 
-def created(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
-    with api.client() as client:
-        response = client.post(ARTIFACT_JOBS, json=body, headers=api.admin_headers)
-    assert response.status_code == 201, response.text
-    job: dict[str, Any] = response.json()
-    return job
-
-
 def create(api: RunningApi, node_id: str, root: Path, **body: Any) -> str:
     job = created(
         api, {"node_id": node_id, "target_root": str(root), "manifest": manifest()} | body
     )
     job_id: str = job["id"]
     return job_id
-
-
-def ended(api: RunningApi, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
-    def finished() -> dict[str, Any] | None:
-        job = admin(api, "GET", f"{ARTIFACT_JOBS}/{job_id}")
-        return job if job["state"] in ("succeeded", "failed", "cancelled") else None
-
-    return wait_until(finished, timeout_s, what=f"job {job_id} to end")
 
 
 def test_a_job_is_fetched_verified_promoted_and_recorded(

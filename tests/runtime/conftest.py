@@ -1,7 +1,9 @@
-"""Fixtures of the runtime worker's tests: a real llama-server and a real model."""
+"""Fixtures of the runtime worker's tests: a real llama-server and a real model, and
+(for the end-to-end probes) real agent processes."""
 
 from __future__ import annotations
 
+from tests.agent.harness import agents
 from tests.runtime.harness import instruct_model, llama_server, runtimes
 
-__all__ = ["instruct_model", "llama_server", "runtimes"]
+__all__ = ["agents", "instruct_model", "llama_server", "runtimes"]

@@ -1,0 +1,158 @@
+"""Runtime probes end to end, all real: the API with its workers, an agent that acquires
+the model through an artifact job from a local Hub-layout server, and the runtime worker
+beside it (the node's credential from the agent's state dir) that reports its binary,
+claims the probe, runs the real llama-server and reports layered health and evidence."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.protocol import NODES, RUNTIME_ENVIRONMENTS, RUNTIME_EVIDENCE, RUNTIME_PROBES
+from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
+from tests.agent.harness import admin, wait_until
+from tests.api_server import ApiFactory, RunningApi
+from tests.hub_server import HubServer
+from tests.runtime.harness import RuntimeProcess
+from tests.runtime_flows import create_profile
+
+REPO = "acme/smollm2"
+COMMIT = "5e15d1f0a0b4c3d2e1f00112233445566778899a"
+GGUF = "smollm2.Q4_1.gguf"
+StartRuntime = Callable[..., RuntimeProcess]
+
+
+@pytest.fixture
+def probe_api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(job_lease_s=10, job_retry_base_s=0.2)
+
+
+def node_with_model(
+    api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path, model: Path
+) -> tuple[str, Path, Path]:
+    """An agent that acquired the model through an artifact job: (node id, file, state)."""
+    data = model.read_bytes()
+    hub.state.add(REPO, "main", COMMIT, {GGUF: data})
+    _, node_id, root = start_agent(api, agents, hub, tmp_path)
+    digest = {"algorithm": "sha256", "value": hashlib.sha256(data).hexdigest()}
+    manifest = {"repository": REPO, "commit": COMMIT,
+                "files": [{"path": GGUF, "size": len(data), "digest": digest}]}  # fmt: skip
+    job = created(api, {"node_id": node_id, "target_root": str(root), "manifest": manifest})
+    assert ended(api, job["id"], 60)["state"] == "succeeded"
+    return node_id, root / REPO / COMMIT / GGUF, tmp_path / "state"
+
+
+def runtime_beside(
+    runtimes: StartRuntime, api: RunningApi, state: Path, binary: Path
+) -> RuntimeProcess:
+    return runtimes(
+        "runtime",
+        api_url=api.base_url,
+        state_dir=str(state),
+        llama_server_path=str(binary),
+        report_interval_s=0.5,
+        job_poll_interval_s=0.3,
+        llama_server_probe_interval_s=0.05,
+        trust_env=False,
+    )
+
+
+def reported_environment(api: RunningApi, node_id: str, binary: Path) -> str:
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+
+    def found() -> str | None:
+        runtime = admin(api, "GET", f"{NODES}/{node_id}/runtime")
+        if not runtime["reported"]:
+            return None
+        items = admin(api, "GET", RUNTIME_ENVIRONMENTS)["items"]
+        return next((e["id"] for e in items if e["binary_sha256"] == digest), None)
+
+    return wait_until(found, 30, "the runtime worker's report of its binary")
+
+
+def probe(api: RunningApi, node_id: str, profile_id: str, environment_id: str) -> dict[str, Any]:
+    body = {
+        "node_id": node_id,
+        "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
+        "profile_id": profile_id,
+        "environment_id": environment_id,
+        "max_attempts": 1,
+    }
+    with api.client() as client:
+        response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+    assert response.status_code == 201, response.text
+    return ended(api, response.json()["id"], 90, collection=RUNTIME_PROBES)
+
+
+def test_a_probe_succeeds_with_measured_evidence(
+    probe_api: RunningApi,
+    agents: StartAgent,
+    runtimes: StartRuntime,
+    hub: HubServer,
+    tmp_path: Path,
+    llama_server: Path,
+    instruct_model: Path,
+) -> None:
+    api = probe_api
+    node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
+    runtime = runtime_beside(runtimes, api, state, llama_server)
+    environment = reported_environment(api, node_id, llama_server)
+    with api.client() as client:
+        profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
+    done = probe(api, node_id, profile["id"], environment)
+    assert done["state"] == "succeeded", (done, runtime.output[-3000:])
+    [row] = admin(api, "GET", RUNTIME_EVIDENCE, params={"node_id": node_id})["items"]
+    assert row["health"] == {
+        "process_up": True, "health_ok": True, "model_listed": True, "inference_ok": True,
+    }  # fmt: skip
+    evidence = row["evidence"]
+    assert evidence["load_s"] > 0 and evidence["time_to_first_token_s"] > 0
+    assert evidence["prompt_tokens_per_s"] > 0 and evidence["generation_tokens_per_s"] > 0
+    assert evidence["peak_rss_bytes"] > 50_000_000  # the model is mapped in
+    assert row["device_id"] == "cpu" and row["profile_id"] == profile["id"]
+    assert row["environment_id"] == environment
+    inventory = admin(api, "GET", f"{NODES}/{node_id}/runtime")
+    wait_until(
+        lambda: admin(api, "GET", f"{NODES}/{node_id}/runtime")["loaded_models"],
+        10,
+        "the loaded model in the runtime report",
+    )
+    assert inventory["devices"][0]["device_id"] == "cpu"
+
+
+def test_digest_mismatches_are_typed_failures(
+    probe_api: RunningApi,
+    agents: StartAgent,
+    runtimes: StartRuntime,
+    hub: HubServer,
+    tmp_path: Path,
+    llama_server: Path,
+    instruct_model: Path,
+) -> None:
+    api = probe_api
+    node_id, model_file, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
+    binary = tmp_path / "bin" / "llama-server"
+    binary.parent.mkdir()
+    shutil.copy2(llama_server, binary)
+    runtime_beside(runtimes, api, state, binary)
+    environment = reported_environment(api, node_id, binary)
+    with api.client() as client:
+        profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
+    # The file on the node changes after the control plane recorded its digest.
+    with model_file.open("r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"\0corrupt\0")
+    failed = probe(api, node_id, profile["id"], environment)
+    assert failed["state"] == "failed"
+    assert failed["failure"]["code"] == "artifact_digest_mismatch"
+    # The binary is no longer the one the environment names.
+    with binary.open("ab") as handle:
+        handle.write(b"\0")
+    failed = probe(api, node_id, profile["id"], environment)
+    assert failed["failure"]["code"] == "binary_digest_mismatch"
+    assert failed["failure"]["retryable"] is False
