@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -42,6 +42,7 @@ RETRY_BUSY_S = 1
 RETRY_NOT_READY_S = 5
 # Upstream headers worth relaying (hop-by-hop and length are the server's own business).
 _RELAYED = ("content-type", "cache-control")
+_JSON = {"Content-Type": "application/json"}
 
 
 def openai_error(
@@ -71,8 +72,9 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
         return JSONResponse({"status": "ok"})
 
     async def chat_completions(request: Request) -> Response:
+        raw = await request.body()
         try:
-            body: Any = json.loads(await request.body())
+            body: Any = json.loads(raw)
         except ValueError:
             return openai_error(400, "the body is not valid JSON", "invalid_json")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
@@ -84,7 +86,9 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             return openai_error(
                 404, f"model {body['model']!r} is not served here", "model_not_found"
             )
-        body["model"] = model.served_name
+        if body["model"] != model.served_name:
+            body["model"] = model.served_name
+            raw = json.dumps(body).encode()
         slot = worker.slot_for(model)
         held = contextlib.AsyncExitStack()
         try:
@@ -95,38 +99,35 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             logger.warning("%s on %s: %s (%s)", model.model_id, slot.device.id, exc.code, exc)
             return openai_error(503, exc.detail, exc.code, retry_after_s=RETRY_NOT_READY_S)
         try:
-            upstream = await server.http.send(
-                server.http.build_request("POST", LOCAL_CHAT_COMPLETIONS, json=body), stream=True
-            )
-        except httpx.HTTPError as exc:
+            upstream = await server.relay.post(LOCAL_CHAT_COMPLETIONS, data=raw, headers=_JSON)
+        except aiohttp.ClientError as exc:
             await held.aclose()
             detail = f"llama-server did not answer ({type(exc).__name__})"
             return openai_error(503, detail, "upstream_unavailable", retry_after_s=RETRY_BUSY_S)
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
         if not body.get("stream"):
             try:
-                content = await upstream.aread()
-            except httpx.HTTPError:
-                await held.aclose()
+                content = await upstream.read()
+            except aiohttp.ClientError:
                 return openai_error(
                     503, "llama-server failed mid-answer", "upstream_unavailable", retry_after_s=1
                 )
             finally:
-                await upstream.aclose()
+                upstream.release()
                 await held.aclose()
-            return Response(content, status_code=upstream.status_code, headers=headers)
+            return Response(content, status_code=upstream.status, headers=headers)
 
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.content.iter_any():
                     yield chunk
-            except httpx.HTTPError:
+            except aiohttp.ClientError:
                 logger.warning("%s: llama-server failed mid-stream", slot.device.id)
             finally:
-                await upstream.aclose()
+                upstream.release()
                 await held.aclose()
 
-        return StreamingResponse(relay(), status_code=upstream.status_code, headers=headers)
+        return StreamingResponse(relay(), status_code=upstream.status, headers=headers)
 
     routes = [
         Route(LOCAL_MODELS, models, methods=["GET"]),

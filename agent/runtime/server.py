@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 import psutil
 
@@ -127,12 +128,26 @@ class LlamaServer:
         self._environment = environment
         self._process: subprocess.Popen[bytes] | None = None
         self.load_s: float | None = None
+        # The local API relays requests with aiohttp (the proxy's hot path: a third of
+        # httpx's cost per request, ops/bench/runtime.py); control calls use httpx.
+        self._relay: aiohttp.ClientSession | None = None
         self.http = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(10.0, read=None),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             trust_env=False,  # loopback: never through a proxy
         )
+
+    @property
+    def relay(self) -> aiohttp.ClientSession:
+        if self._relay is None:
+            self._relay = aiohttp.ClientSession(
+                base_url=self.url,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=64),
+            )
+        return self._relay
 
     @property
     def pid(self) -> int | None:
@@ -258,6 +273,8 @@ class LlamaServer:
     async def close(self) -> None:
         await self.stop()
         await self.http.aclose()
+        if self._relay is not None:
+            await self._relay.close()
 
 
 def _model_ids(response: httpx.Response) -> set[str]:

@@ -52,6 +52,12 @@ class RuntimeWorker:
         return self.config.model(model_id)
 
     def slot_for(self, model: ModelSpec) -> DeviceSlot:
+        if len(self.slots) == 1:
+            return self.slots[0]
+        # The common case first, without asking any device for its free memory.
+        loaded = [s for s in self.slots if s.loaded_model == model.model_id]
+        if loaded:
+            return min(loaded, key=lambda s: s.pending)
         by_id = {slot.device.id: slot for slot in self.slots}
         chosen = choose_device(model.model_id, [slot.candidate() for slot in self.slots])
         return by_id[chosen.device_id]
