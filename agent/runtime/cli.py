@@ -58,7 +58,9 @@ async def _serve(config: RuntimeConfig) -> int:
     worker = RuntimeWorker(config)
     worker.start()
     server_config = uvicorn.Config(
-        create_app(worker, node_id=node_id, base_url=""),
+        create_app(
+            worker, node_id=node_id, base_url=f"http://{config.listen_host}:{config.listen_port}"
+        ),
         host=config.listen_host,
         port=config.listen_port,
         log_level="warning",
@@ -79,12 +81,17 @@ async def _serve(config: RuntimeConfig) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, shut_down)
-    control = asyncio.create_task(_control_plane(config, worker, stop))
+    tasks = [asyncio.create_task(_control_plane(config, worker, stop))]
+    if config.dispatcher_base_url is not None:
+        from agent.runtime.dispatcher import dispatcher_loop
+
+        local_url = f"http://{config.listen_host}:{config.listen_port}"
+        tasks.append(asyncio.create_task(dispatcher_loop(worker, node_id, local_url, stop)))
     try:
         await server.serve()
     finally:
         stop.set()
-        await control
+        await asyncio.gather(*tasks)
         await worker.close()
     return 0 if server.started else 1
 

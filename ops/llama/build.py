@@ -60,7 +60,8 @@ def variant(cuda: bool) -> tuple[str, list[str]]:
     defines += ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF", "-DGGML_AMX_TILE=OFF"]
     name = "cpu-" + ("-".join(chosen) or "generic")
     if cuda:
-        defines.append("-DGGML_CUDA=ON")
+        # Only this machine's GPU architecture: a build for every one takes far longer.
+        defines += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native"]
         name = "cuda-" + name
     return name, defines
 

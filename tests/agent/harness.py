@@ -184,3 +184,15 @@ def advancing(api: RunningApi, node_id: str) -> None:
         ),
         what="heartbeat and telemetry advancing",
     )
+
+
+def nvml_driver_problem() -> str | None:
+    """None when NVML works here (a real NVIDIA driver); else why not."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return str(exc)
+    pynvml.nvmlShutdown()
+    return None

@@ -17,7 +17,7 @@ from agent.collectors.host import LocalHost, host_facts, host_telemetry
 from agent.collectors.nvml import NvmlCollector, cuda_version_text
 from agent.collectors.simulated import SimulatedCollector
 from schemas.agent import GpuInventory
-from tests.agent.harness import REPO, clean_env
+from tests.agent.harness import REPO, clean_env, nvml_driver_problem
 
 
 class FakeError(Exception):
@@ -120,18 +120,6 @@ def test_broken_sensor_readings_are_left_out() -> None:
 def test_cuda_version_text() -> None:
     assert cuda_version_text(12080) == "12.8"
     assert cuda_version_text(11040) == "11.4"
-
-
-def nvml_driver_problem() -> str | None:
-    """None when NVML works here; else why not."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return str(exc)
-    pynvml.nvmlShutdown()
-    return None
 
 
 @pytest.mark.skipif(nvml_driver_problem() is None, reason="NVML works here: see the gpu test")

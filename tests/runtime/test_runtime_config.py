@@ -113,3 +113,10 @@ def test_the_cpu_backend_hides_every_gpu_from_its_server() -> None:
     assert cpu.environment(device) == {"CUDA_VISIBLE_DEVICES": ""}
     metrics = cpu.metrics(device)
     assert metrics.memory_total_bytes and metrics.memory_free_bytes
+
+
+def test_the_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "agent" / "runtime" / "runtime.example.yaml"
+    config = load_runtime_config(example)
+    assert config.models[0].server_args == {"parallel": 1}
+    assert server_argv(BINARY, config.models[0], 1)[-2:] == ["--parallel", "1"]
