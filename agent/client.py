@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from agent import AGENT_VERSION
 from agent.diagnostics import classify_transport
@@ -63,13 +63,23 @@ from schemas.protocol import (
     TELEMETRY,
     TOKENS,
 )
-from schemas.runtime import ProbeClaim, ProbeComplete, ProbeFail, ProbeOutcome, ProbeProgress
+from schemas.runtime import (
+    DeviceJobClaim,
+    HealthComplete,
+    ProbeClaim,
+    ProbeComplete,
+    ProbeFail,
+    ProbeOutcome,
+    ProbeProgress,
+    RuntimeClaim,
+    UnloadComplete,
+)
 from schemas.runtime_local import RuntimeReport
 
 logger = logging.getLogger("modelforge.agent.http")
 
 
-Answer = TypeVar("Answer", bound=WireModel)
+Answer = TypeVar("Answer", bound=BaseModel)
 
 
 # Longer than the heartbeat interval (a connection is reused from one to the next), and
@@ -182,6 +192,10 @@ def failure_from_response(
     return error
 
 
+class RuntimeClaimAnswer(RootModel[RuntimeClaim]):
+    pass
+
+
 class ProtocolClient:
     """One node's view of the protocol. `credential` is set after enrollment or a reload.
 
@@ -236,18 +250,22 @@ class ProtocolClient:
     async def put_runtime(self, report: RuntimeReport) -> IngestResult:
         return await self._call("PUT", RUNTIME, report, IngestResult)
 
-    async def claim_runtime_probe(self) -> ProbeClaim | None:
-        """The next runtime probe and its lease; None when there is nothing to do (204)."""
+    async def claim_runtime_probe(self) -> ProbeClaim | DeviceJobClaim | None:
+        """The next runtime job (probe, health or unload) and its lease; None when there
+        is nothing to do (204)."""
         response = await self._send("GET", RUNTIME_PROBES_NEXT, None)
         if response.status_code == 204:
             return None
-        return _parse(ProbeClaim, response, "GET", RUNTIME_PROBES_NEXT)
+        claim = _parse(RuntimeClaimAnswer, response, "GET", RUNTIME_PROBES_NEXT)
+        return claim.root
 
     async def probe_progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer:
         path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
         return await self._call("POST", path, report, ProgressAnswer)
 
-    async def complete_probe(self, job_id: uuid.UUID, report: ProbeComplete) -> ProbeOutcome:
+    async def complete_probe(
+        self, job_id: uuid.UUID, report: ProbeComplete | HealthComplete | UnloadComplete
+    ) -> ProbeOutcome:
         path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
         return await self._call("POST", path, report, ProbeOutcome)
 

@@ -24,6 +24,7 @@ class ErrorCode(StrEnum):
     PROFILE_UNKNOWN = "profile_unknown"
     ENVIRONMENT_UNKNOWN = "environment_unknown"
     ENVIRONMENT_NOT_ON_NODE = "environment_not_on_node"
+    DEVICE_NOT_ON_NODE = "device_not_on_node"
     # Not JSON at all: invalid UTF-8, a syntax error, nesting or a number beyond the
     # parser's limits.
     BODY_UNPARSEABLE = "body_unparseable"

@@ -7,9 +7,17 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Strict,
+    Tag,
+    WithJsonSchema,
+)
 
 from schemas.artifacts import CommitId, Repository
 from schemas.base import (
@@ -179,10 +187,17 @@ class ArtifactRef(WireModel):
     path: FilePath
 
 
-class ProbeCreate(WireModel):
-    """POST …/runtime-probes. The control plane resolves the artifact to its exact path
-    and digest on the node; the job carries nothing else but identities."""
+PROBE_KIND: Final = "runtime.probe.v1"
+HEALTH_KIND: Final = "runtime.health.v1"
+UNLOAD_KIND: Final = "runtime.unload.v1"
 
+
+class ProbeCreate(WireModel):
+    """POST …/runtime/probes (the default kind). The control plane resolves the artifact
+    to its exact path and digest on the node; the job carries nothing else but
+    identities."""
+
+    kind: Literal["runtime.probe.v1"] = PROBE_KIND
     node_id: uuid.UUID
     artifact: ArtifactRef
     profile_id: uuid.UUID
@@ -190,6 +205,28 @@ class ProbeCreate(WireModel):
     # None: the runtime worker chooses (the device selection rule).
     device_id: DeviceId | None = None
     max_attempts: Attempts = 3
+
+
+class DeviceJobCreate(WireModel):
+    """POST …/runtime/probes with kind runtime.health.v1 (layered health of the device's
+    server, with a one-token inference) or runtime.unload.v1 (stop it, report the time
+    the device took to show its memory freed)."""
+
+    kind: Literal["runtime.health.v1", "runtime.unload.v1"]
+    node_id: uuid.UUID
+    device_id: DeviceId
+    max_attempts: Attempts = 3
+
+
+def _kind_of(value: Any) -> str:
+    kind = value.get("kind", PROBE_KIND) if isinstance(value, dict) else value.kind
+    return PROBE_KIND if kind == PROBE_KIND else "device"
+
+
+RuntimeJobCreate = Annotated[
+    Annotated[ProbeCreate, Tag(PROBE_KIND)] | Annotated[DeviceJobCreate, Tag("device")],
+    Discriminator(_kind_of),
+]
 
 
 class ProbeSpec(WireModel):
@@ -207,12 +244,30 @@ class ProbeSpec(WireModel):
     max_tokens: int = PROBE_MAX_TOKENS
 
 
+class DeviceSpec(WireModel):
+    """What a runtime.health.v1 or runtime.unload.v1 lease carries: the device."""
+
+    device_id: str
+
+
 class ProbeClaim(WireModel):
     job_id: uuid.UUID
-    kind: Literal["runtime.probe.v1"] = "runtime.probe.v1"
+    kind: Literal["runtime.probe.v1"] = PROBE_KIND
     attempt: int
     spec: ProbeSpec
     lease: Lease
+
+
+class DeviceJobClaim(WireModel):
+    job_id: uuid.UUID
+    kind: Literal["runtime.health.v1", "runtime.unload.v1"]
+    attempt: int
+    spec: DeviceSpec
+    lease: Lease
+
+
+# GET …/runtime-probes/next answers one of these, by `kind`.
+RuntimeClaim = Annotated[ProbeClaim | DeviceJobClaim, Field(discriminator="kind")]
 
 
 class ProbeProgress(WireModel):
@@ -247,10 +302,41 @@ class ProbeEvidence(WireModel):
 
 
 class ProbeComplete(WireModel):
+    kind: Literal["runtime.probe.v1"] = PROBE_KIND
     lease: LeaseFence
     device_id: DeviceId
     health: ProbeHealth
     evidence: ProbeEvidence
+
+
+class HealthComplete(WireModel):
+    kind: Literal["runtime.health.v1"]
+    lease: LeaseFence
+    device_id: DeviceId
+    health: ProbeHealth
+    loaded_model: Annotated[Text, Field(max_length=128)] | None = None
+
+
+class UnloadComplete(WireModel):
+    kind: Literal["runtime.unload.v1"]
+    lease: LeaseFence
+    device_id: DeviceId
+    unloaded_model: Annotated[Text, Field(max_length=128)] | None = None
+    # None: nothing was loaded, so nothing had to settle.
+    settle_s: Seconds | None = None
+
+
+def _completed_kind(value: Any) -> str:
+    return str(value.get("kind", PROBE_KIND) if isinstance(value, dict) else value.kind)
+
+
+# POST …/runtime-probes/{id}/complete: the body of the job's kind (a probe's by default).
+RuntimeComplete = Annotated[
+    Annotated[ProbeComplete, Tag(PROBE_KIND)]
+    | Annotated[HealthComplete, Tag(HEALTH_KIND)]
+    | Annotated[UnloadComplete, Tag(UNLOAD_KIND)],
+    Discriminator(_completed_kind),
+]
 
 
 class ProbeOutcome(WireModel):
@@ -295,10 +381,12 @@ class ProbeFailureView(WireModel):
 
 class ProbeView(WireModel):
     id: uuid.UUID
-    kind: Literal["runtime.probe.v1"] = "runtime.probe.v1"
+    kind: Literal["runtime.probe.v1", "runtime.health.v1", "runtime.unload.v1"]
     node_id: uuid.UUID
     state: JobState
-    spec: ProbeSpec
+    spec: ProbeSpec | DeviceSpec
+    # A health or unload job's report (a probe's is its evidence, RUNTIME_EVIDENCE).
+    result: dict[str, Any] | None = None
     attempt: int
     max_attempts: int
     available_at: datetime

@@ -80,16 +80,26 @@ def event(job: Job, **extra: object) -> JobEvent:
     )
 
 
+def _kinds(kind: JobKind | tuple[JobKind, ...]) -> list[str]:
+    return [k.value for k in (kind if isinstance(kind, tuple) else (kind,))]
+
+
 async def claim(
-    session: AsyncSession, *, kind: JobKind, node_id: uuid.UUID, policy: LeasePolicy, actor: str
+    session: AsyncSession,
+    *,
+    kind: JobKind | tuple[JobKind, ...],
+    node_id: uuid.UUID,
+    policy: LeasePolicy,
+    actor: str,
 ) -> Job | None:
-    """Lease the node's oldest claimable job of this kind to the caller; None if none."""
+    """Lease the node's oldest claimable job of this kind (or of any of these kinds) to
+    the caller; None if none."""
     job = (
         await session.execute(
             select(Job)
             .where(
                 Job.node_id == node_id,
-                Job.kind == kind.value,
+                Job.kind.in_(_kinds(kind)),
                 Job.state == QUEUED,
                 Job.available_at <= func.statement_timestamp(),
             )
@@ -119,7 +129,7 @@ async def get_for_update(session: AsyncSession, job_id: uuid.UUID) -> Job | None
 async def held(
     session: AsyncSession,
     *,
-    kind: JobKind,
+    kind: JobKind | tuple[JobKind, ...],
     job_id: uuid.UUID,
     node_id: uuid.UUID,
     fence: LeaseFence,
@@ -130,8 +140,8 @@ async def held(
     a finished job, a lease that is not the current one, a lease that ran out (409).
     """
     job = await get_for_update(session, job_id)
-    if job is None or job.kind != kind.value:
-        raise Missing(f"no {kind.value} job {job_id}", code=ErrorCode.NOT_FOUND)
+    if job is None or job.kind not in _kinds(kind):
+        raise Missing(f"no {' or '.join(_kinds(kind))} job {job_id}", code=ErrorCode.NOT_FOUND)
     if job.node_id != node_id:
         raise NotOwned("this job belongs to another node", code=ErrorCode.JOB_NOT_OWNED)
     if job.state in FINISHED:
@@ -293,14 +303,14 @@ async def expire_due(
 async def list_jobs(
     session: AsyncSession,
     *,
-    kind: JobKind,
+    kind: JobKind | tuple[JobKind, ...],
     node_id: uuid.UUID | None,
     states: list[JobState],
     limit: int,
     offset: int,
 ) -> list[Job]:
-    """Jobs of one kind, newest first."""
-    query = select(Job).where(Job.kind == kind.value)
+    """Jobs of one kind (or of these kinds), newest first."""
+    query = select(Job).where(Job.kind.in_(_kinds(kind)))
     if node_id is not None:
         query = query.where(Job.node_id == node_id)
     if states:

@@ -18,11 +18,15 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType, RuntimeProfileCreated
 from schemas.jobs import JobKind, JobState
 from schemas.runtime import (
+    DeviceJobCreate,
+    DeviceSpec,
     EnvironmentReport,
+    HealthComplete,
     LlamaSettings,
     ProbeComplete,
     ProbeCreate,
     ProbeSpec,
+    UnloadComplete,
 )
 from schemas.runtime_local import RuntimeReport
 from store import changes, leases, nodes
@@ -31,6 +35,8 @@ from store.models import Job, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
 
 PROBE = JobKind.RUNTIME_PROBE
+# Every kind the runtime worker claims through …/runtime-probes/next.
+KINDS = (JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD)
 RUNTIME_STREAM = "runtime"
 # First key of the advisory lock that numbers a profile name's versions: "mfrp".
 _PROFILE_LOCK = 0x6D667270
@@ -180,15 +186,49 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
         binary_sha256=environment.binary_sha256,
         device_id=request.device_id,
     )
+    return await _queue(session, PROBE, node.id, spec, request.max_attempts, actor=actor)
+
+
+async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, actor: str) -> Job:
+    """A runtime.health.v1 or runtime.unload.v1 job for a device the node's runtime
+    worker reports (422 otherwise)."""
+    node = await nodes.schedulable(session, request.node_id, locked=True)
+    reported = await node_runtime(session, node.id)
+    devices = [d.get("device_id") for d in (reported or {}).get("devices", [])]
+    if request.device_id not in devices:
+        raise Invalid(
+            "the node's runtime worker does not report that device",
+            code=ErrorCode.DEVICE_NOT_ON_NODE,
+            extra={"devices": devices},
+        )
+    return await _queue(
+        session,
+        JobKind(request.kind),
+        node.id,
+        DeviceSpec(device_id=request.device_id),
+        request.max_attempts,
+        actor=actor,
+    )
+
+
+async def _queue(
+    session: AsyncSession,
+    kind: JobKind,
+    node_id: uuid.UUID,
+    spec: ProbeSpec | DeviceSpec,
+    max_attempts: int,
+    *,
+    actor: str,
+) -> Job:
     now = await nodes.now(session)
     job = Job(
         id=uuid.uuid4(),
-        kind=PROBE.value,
-        node_id=node.id,
+        kind=kind.value,
+        node_id=node_id,
         state=JobState.QUEUED.value,
         spec=spec.model_dump(mode="json"),
         attempt=0,
-        max_attempts=request.max_attempts,
+        max_attempts=max_attempts,
         available_at=now,
         lease_epoch=0,
         created_at=now,
@@ -199,8 +239,38 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
     return job
 
 
+def spec_of(job: Job) -> ProbeSpec | DeviceSpec:
+    if job.kind == PROBE.value:
+        return ProbeSpec.model_validate(job.spec)
+    return DeviceSpec.model_validate(job.spec)
+
+
 def probe_spec(job: Job) -> ProbeSpec:
     return ProbeSpec.model_validate(job.spec)
+
+
+async def complete(
+    session: AsyncSession,
+    job: Job,
+    report: ProbeComplete | HealthComplete | UnloadComplete,
+    now: datetime,
+    *,
+    actor: str,
+) -> None:
+    """The report must be of the job's kind (422 otherwise): a probe's evidence is
+    stored per (node, device, artifact, profile, environment); a health or unload job's
+    report becomes its result."""
+    if report.kind != job.kind:
+        raise Invalid(
+            f"this is a {job.kind} job; the report is a {report.kind} one",
+            code=ErrorCode.VALIDATION_FAILED,
+        )
+    if isinstance(report, ProbeComplete):
+        await complete_probe(session, job, report, now, actor=actor)
+        return
+    result = report.model_dump(mode="json", exclude={"kind", "lease"})
+    job.progress = {**(job.progress or {}), "result": result}
+    leases.complete(session, job, now, actor=actor)
 
 
 async def complete_probe(
@@ -254,6 +324,6 @@ async def evidence(session: AsyncSession, node_id: uuid.UUID | None) -> list[Run
 
 async def get_probe(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
     job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
-    if job is None or job.kind != PROBE.value:
-        raise Missing(f"no runtime probe {job_id}", code=ErrorCode.NOT_FOUND)
+    if job is None or job.kind not in {k.value for k in KINDS}:
+        raise Missing(f"no runtime job {job_id}", code=ErrorCode.NOT_FOUND)
     return job

@@ -33,6 +33,7 @@ from tests.runtime_flows import (
     create_probe,
     create_profile,
     environment_id,
+    evidence_report,
     fail_probe,
     probe_body,
     report_runtime,
@@ -242,3 +243,30 @@ async def test_twenty_concurrent_claims_of_a_probe_have_one_winner(
 
         answers = await released_together(20, send)
     assert sorted(a.status_code for a in answers) == [200] + [204] * 19
+
+
+def test_health_and_unload_jobs_for_a_reported_device(runtime_api: RunningApi) -> None:
+    api = runtime_api
+    with api.client() as client:
+        node = ready_node(client, api)
+        missing = {"kind": "runtime.unload.v1", "node_id": node.node_id, "device_id": "gpu:7"}
+        refused(create_probe(client, api, missing), 422, "device_not_on_node")
+        body = {"kind": "runtime.health.v1", "node_id": node.node_id, "device_id": "cpu"}
+        job = ok(create_probe(client, api, body), 201)
+        assert job["kind"] == "runtime.health.v1" and job["spec"] == {"device_id": "cpu"}
+        claim = ok(claim_probe(client, node))
+        assert claim["kind"] == "runtime.health.v1" and claim["spec"] == {"device_id": "cpu"}
+        path = f"/api/v1/agent/runtime-probes/{job['id']}/complete"
+        # A report of another kind than the job's is refused, and changes nothing.
+        refused(client.post(path, json=evidence_report(fence(claim)), headers=node.headers),
+                422, "validation_failed")  # fmt: skip
+        health = {"process_up": True, "health_ok": True, "model_listed": True,
+                  "inference_ok": False}  # fmt: skip
+        report = {"kind": "runtime.health.v1", "lease": fence(claim), "device_id": "cpu",
+                  "health": health, "loaded_model": "smol"}  # fmt: skip
+        assert ok(client.post(path, json=report, headers=node.headers))["state"] == "succeeded"
+        view = ok(client.get(f"{RUNTIME_PROBES}/{job['id']}", headers=api.admin_headers))
+        assert view["result"] == {"device_id": "cpu", "health": health, "loaded_model": "smol"}
+        listed = ok(client.get(RUNTIME_PROBES, params={"node_id": node.node_id},
+                               headers=api.admin_headers))  # fmt: skip
+        assert [j["kind"] for j in listed["items"]] == ["runtime.health.v1"]

@@ -25,10 +25,11 @@ from pathlib import Path
 from agent.client import ProtocolClient
 from agent.errors import RequestFailed
 from agent.jobs.wakeups import listen, wait_for_wake
+from agent.runtime.device_jobs import DeviceJobRun
 from agent.runtime.probe import ProbeRun
 from agent.runtime.worker import RuntimeWorker
 from agent.state import atomic_write
-from schemas.runtime import EnvironmentReport
+from schemas.runtime import EnvironmentReport, ProbeClaim
 from schemas.runtime_local import RuntimeReport
 
 logger = logging.getLogger("modelforge.runtime.control")
@@ -141,8 +142,13 @@ class ControlPlane:
                     logger.warning("claiming runtime probes failed (%s); polling on", exc)
                 failing = type(exc).__name__
             if claim is not None:
-                logger.info("claimed runtime probe %s (attempt %d)", claim.job_id, claim.attempt)
-                await ProbeRun(claim, self.client, self.worker).run()
+                logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
+                run = (
+                    ProbeRun(claim, self.client, self.worker)
+                    if isinstance(claim, ProbeClaim)
+                    else DeviceJobRun(claim, self.client, self.worker)
+                )
+                await run.run()
                 self.changed.set()
                 continue
             await wait_for_wake(stop, wake, poll)

@@ -11,60 +11,29 @@ answer carries an operator's cancel, after which the probe stops and reports
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
-from agent.errors import RequestFailed, Transient
 from agent.runtime.config import ModelSpec
 from agent.runtime.devices import DeviceSlot
+from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
 from agent.runtime.server import LlamaServer, ServerFailed
 from agent.runtime.worker import RuntimeWorker
-from schemas.jobs import FailAnswer, LeaseFence, ProgressAnswer
 from schemas.runtime import (
     ProbeClaim,
     ProbeComplete,
     ProbeEvidence,
-    ProbeFail,
     ProbeHealth,
-    ProbeOutcome,
-    ProbeProgress,
     RuntimeFailure,
 )
 
 logger = logging.getLogger("modelforge.runtime.probe")
-
-# Worth another attempt: the next start may well succeed.
-RETRYABLE = frozenset(
-    {RuntimeFailure.STARTUP_TIMEOUT, RuntimeFailure.PROCESS_EXITED, RuntimeFailure.INTERNAL}
-)
-
-
-class ProbeReports(Protocol):
-    async def probe_progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer: ...
-    async def complete_probe(self, job_id: uuid.UUID, report: ProbeComplete) -> ProbeOutcome: ...
-    async def fail_probe(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer: ...
-
-
-class Failed(Exception):
-    def __init__(
-        self, code: RuntimeFailure, detail: str, health: ProbeHealth | None = None
-    ) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-        self.health = health
-
-
-class Cancelled(Exception):
-    pass
 
 
 def sha256_of(path: Path) -> str:
@@ -88,43 +57,15 @@ def peak_rss_bytes(pid: int | None) -> int | None:
     return None
 
 
-class ProbeRun:
+class ProbeRun(LeasedRun):
+    """runtime.probe.v1."""
+
     def __init__(self, claim: ProbeClaim, reports: ProbeReports, worker: RuntimeWorker) -> None:
-        self.claim = claim
+        super().__init__(claim, reports, worker)
         self.spec = claim.spec
-        self.reports = reports
-        self.worker = worker
-        self.fence = LeaseFence(lease_id=claim.lease.lease_id, epoch=claim.lease.epoch)
-        self.phase = "verifying"
-        self.cancelled = asyncio.Event()
-        self.lost = asyncio.Event()
-        self.name = f"probe {claim.job_id}"
 
-    async def run(self) -> str:
-        reporter = asyncio.create_task(self._keep_lease())
-        try:
-            report = await self._probe()
-        except Cancelled:
-            return await self._fail(Failed(RuntimeFailure.CANCELLED, "cancelled"))
-        except Failed as failure:
-            return await self._fail(failure)
-        finally:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
-        if self.lost.is_set():
-            return "lease lost"
-        try:
-            await self.reports.complete_probe(self.claim.job_id, report)
-        except RequestFailed as exc:
-            logger.warning("%s: the completion was not accepted (%s)", self.name, exc)
-            return "completion refused"
-        logger.info("%s: complete (%s)", self.name, report.evidence.model_dump_json())
-        return "completed"
-
-    def _check(self) -> None:
-        if self.cancelled.is_set():
-            raise Cancelled
+    async def work(self) -> Completion:
+        return await self._probe()
 
     async def _probe(self) -> ProbeComplete:
         artifact = Path(self.spec.artifact_path)
@@ -229,37 +170,6 @@ class ProbeRun:
             if isinstance(timings.get(key), int | float):
                 measured[key] = float(timings[key])
         return health, measured
-
-    async def _keep_lease(self) -> None:
-        interval = max(0.2, min(5.0, self.claim.lease.renew_within_s / 2))
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                answer = await self.reports.probe_progress(
-                    self.claim.job_id, ProbeProgress(lease=self.fence, phase=self.phase)
-                )
-            except Transient:
-                continue
-            except RequestFailed:
-                self.lost.set()
-                return
-            if answer.cancel_requested:
-                self.cancelled.set()
-
-    async def _fail(self, failure: Failed) -> str:
-        logger.warning("%s: %s (%s)", self.name, failure.code.value, failure.detail)
-        report = ProbeFail(
-            lease=self.fence,
-            code=failure.code,
-            retryable=failure.code in RETRYABLE,
-            detail=failure.detail[:500],
-            health=failure.health,
-        )
-        try:
-            await self.reports.fail_probe(self.claim.job_id, report)
-        except RequestFailed as exc:
-            logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
-        return failure.code.value
 
 
 def _vram_used(slot: DeviceSlot) -> int | None:

@@ -34,8 +34,10 @@ from schemas.runtime import (
     ProbeList,
     ProbeView,
     ProfileCreate,
+    ProfileName,
     RuntimeEnvironmentList,
     RuntimeEnvironmentView,
+    RuntimeJobCreate,
     RuntimeProfileList,
     RuntimeProfileView,
 )
@@ -80,9 +82,11 @@ def probe_view(job: Job) -> ProbeView:
     )
     return ProbeView(
         id=job.id,
+        kind=job.kind,
         node_id=job.node_id,
         state=JobState(job.state),
-        spec=runtime.probe_spec(job),
+        spec=runtime.spec_of(job),
+        result=(job.progress or {}).get("result"),
         attempt=job.attempt,
         max_attempts=job.max_attempts,
         available_at=job.available_at,
@@ -109,7 +113,7 @@ async def create_runtime_profile(
 @router.get(RUNTIME_PROFILES)
 async def list_runtime_profiles(
     session: AdminTransaction,
-    name: Annotated[str | None, Query(max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")] = None,
+    name: ProfileName | None = None,
 ) -> RuntimeProfileList:
     return RuntimeProfileList(
         items=[profile_view(p) for p in await runtime.profiles(session, name)]
@@ -135,10 +139,15 @@ async def list_runtime_environments(session: AdminTransaction) -> RuntimeEnviron
 @router.post(
     RUNTIME_PROBES, status_code=status.HTTP_201_CREATED, responses=error_responses(404, 409)
 )
-async def create_runtime_probe(body: ProbeCreate, session: AdminTransaction) -> ProbeView:
-    """A runtime.probe.v1 job: the artifact resolved from the node's artifact inventory,
-    the profile and environment by identity, the fixed probe input."""
-    return probe_view(await runtime.create_probe(session, body, actor=OPERATOR_ACTOR))
+async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) -> ProbeView:
+    """A runtime.probe.v1 job (the default kind): the artifact resolved from the node's
+    artifact inventory, the profile and environment by identity, the fixed probe input.
+    Or, by `kind`, a runtime.health.v1 or runtime.unload.v1 job for one device."""
+    if isinstance(body, ProbeCreate):
+        job = await runtime.create_probe(session, body, actor=OPERATOR_ACTOR)
+    else:
+        job = await runtime.create_device_job(session, body, actor=OPERATOR_ACTOR)
+    return probe_view(job)
 
 
 @router.get(RUNTIME_PROBES)
@@ -151,7 +160,7 @@ async def list_runtime_probes(
 ) -> ProbeList:
     rows = await leases.list_jobs(
         session,
-        kind=runtime.PROBE,
+        kind=runtime.KINDS,
         node_id=node_id,
         states=state or [],
         limit=limit,

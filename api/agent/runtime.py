@@ -22,7 +22,16 @@ from schemas.protocol import (
     RUNTIME_PROBE_PROGRESS,
     RUNTIME_PROBES_NEXT,
 )
-from schemas.runtime import ProbeClaim, ProbeComplete, ProbeFail, ProbeOutcome, ProbeProgress
+from schemas.runtime import (
+    DeviceJobClaim,
+    DeviceSpec,
+    ProbeClaim,
+    ProbeFail,
+    ProbeOutcome,
+    ProbeProgress,
+    RuntimeClaim,
+    RuntimeComplete,
+)
 from schemas.runtime_local import RuntimeReport
 from store import leases, runtime
 from store.models import Job
@@ -34,7 +43,7 @@ REPORT = error_responses(404)
 async def _held(request: NodeRequest, job_id: uuid.UUID, fence: LeaseFence) -> tuple[Job, datetime]:
     return await leases.held(
         request.session,
-        kind=runtime.PROBE,
+        kind=runtime.KINDS,
         job_id=job_id,
         node_id=request.node.node_id,
         fence=fence,
@@ -54,24 +63,31 @@ async def runtime_report(body: RuntimeReport, request: NodeTransaction) -> Inges
 
 @router.get(
     RUNTIME_PROBES_NEXT,
-    response_model=ProbeClaim,
+    response_model=RuntimeClaim,
     responses={204: {"description": "nothing to do"}},
 )
-async def claim_runtime_probe(request: NodeTransaction) -> ProbeClaim | Response:
+async def claim_runtime_job(request: NodeTransaction) -> ProbeClaim | DeviceJobClaim | Response:
+    """The node's next runtime job of any kind (probe, health, unload), by `kind`."""
     job = await leases.claim(
         request.session,
-        kind=runtime.PROBE,
+        kind=runtime.KINDS,
         node_id=request.node.node_id,
         policy=request.state.leases,
         actor=node_actor(request.node.node_id),
     )
     if job is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return ProbeClaim(
+    lease = leases.lease_of(job, request.state.leases)
+    if job.kind == runtime.PROBE.value:
+        return ProbeClaim(
+            job_id=job.id, attempt=job.attempt, spec=runtime.probe_spec(job), lease=lease
+        )
+    return DeviceJobClaim(
         job_id=job.id,
+        kind=job.kind,
         attempt=job.attempt,
-        spec=runtime.probe_spec(job),
-        lease=leases.lease_of(job, request.state.leases),
+        spec=DeviceSpec.model_validate(job.spec),
+        lease=lease,
     )
 
 
@@ -92,15 +108,14 @@ async def report_probe_progress(
 
 
 @router.post(RUNTIME_PROBE_COMPLETE, responses=REPORT)
-async def complete_runtime_probe(
-    job_id: uuid.UUID, body: ProbeComplete, request: NodeTransaction
+async def complete_runtime_job(
+    job_id: uuid.UUID, body: RuntimeComplete, request: NodeTransaction
 ) -> ProbeOutcome:
-    """Layered health and measured evidence; stored per (node, device, artifact,
-    profile, environment)."""
+    """A probe's layered health and measured evidence (stored per node, device,
+    artifact, profile and environment), or a health or unload job's report; the body
+    must be of the job's kind."""
     job, now = await _held(request, job_id, body.lease)
-    await runtime.complete_probe(
-        request.session, job, body, now, actor=node_actor(request.node.node_id)
-    )
+    await runtime.complete(request.session, job, body, now, actor=node_actor(request.node.node_id))
     return ProbeOutcome(job_id=job.id, state=JobState(job.state))
 
 

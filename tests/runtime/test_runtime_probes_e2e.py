@@ -116,13 +116,36 @@ def test_a_probe_succeeds_with_measured_evidence(
     assert evidence["peak_rss_bytes"] > 50_000_000  # the model is mapped in
     assert row["device_id"] == "cpu" and row["profile_id"] == profile["id"]
     assert row["environment_id"] == environment
-    inventory = admin(api, "GET", f"{NODES}/{node_id}/runtime")
     wait_until(
         lambda: admin(api, "GET", f"{NODES}/{node_id}/runtime")["loaded_models"],
         10,
         "the loaded model in the runtime report",
     )
-    assert inventory["devices"][0]["device_id"] == "cpu"
+    # The same device through runtime.health.v1 and runtime.unload.v1.
+    health = device_job(api, node_id, "runtime.health.v1")
+    assert health["state"] == "succeeded", health
+    assert health["result"]["health"]["inference_ok"] is True
+    assert health["result"]["loaded_model"].startswith("probe-")
+    unload = device_job(api, node_id, "runtime.unload.v1")
+    assert unload["state"] == "succeeded", unload
+    assert unload["result"]["unloaded_model"] == health["result"]["loaded_model"]
+    assert unload["result"]["settle_s"] is not None
+    after = device_job(api, node_id, "runtime.health.v1")
+    assert after["result"]["health"]["process_up"] is False
+    assert after["result"]["loaded_model"] is None
+    wait_until(
+        lambda: not admin(api, "GET", f"{NODES}/{node_id}/runtime")["loaded_models"],
+        10,
+        "the unload in the runtime report",
+    )
+
+
+def device_job(api: RunningApi, node_id: str, kind: str) -> dict[str, Any]:
+    body = {"kind": kind, "node_id": node_id, "device_id": "cpu", "max_attempts": 1}
+    with api.client() as client:
+        response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+    assert response.status_code == 201, response.text
+    return ended(api, response.json()["id"], 60, collection=RUNTIME_PROBES)
 
 
 def test_digest_mismatches_are_typed_failures(

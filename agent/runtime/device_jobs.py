@@ -1,0 +1,77 @@
+"""runtime.health.v1 and runtime.unload.v1 on one device: the layered health of the
+device's server right now (with a one-token inference when it is up), or its unload
+after the request in flight, with the time the device took to show the memory freed."""
+
+from __future__ import annotations
+
+from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
+from agent.runtime.worker import RuntimeWorker
+from schemas.runtime import (
+    HEALTH_KIND,
+    DeviceJobClaim,
+    HealthComplete,
+    ProbeHealth,
+    RuntimeFailure,
+    UnloadComplete,
+)
+
+
+class DeviceJobRun(LeasedRun):
+    def __init__(self, claim: DeviceJobClaim, reports: ProbeReports, worker: RuntimeWorker) -> None:
+        super().__init__(claim, reports, worker)
+        self.device_id = claim.spec.device_id
+        self.kind = claim.kind
+
+    async def work(self) -> Completion:
+        slot = self.worker.slot(self.device_id)
+        if slot is None:
+            raise Failed(RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.device_id}")
+        if self.kind == HEALTH_KIND:
+            return await self._health(slot.server)
+        self.phase = "loading"
+        server = slot.server
+        unloaded = server.model.model_id if server is not None else None
+        settle = await slot.unload()
+        return UnloadComplete(
+            kind="runtime.unload.v1",
+            lease=self.fence,
+            device_id=self.device_id,
+            unloaded_model=unloaded,
+            settle_s=settle,
+        )
+
+    async def _health(self, server: object) -> HealthComplete:
+        from agent.runtime.server import LlamaServer
+
+        self.phase = "probing"
+        if not isinstance(server, LlamaServer):
+            health = ProbeHealth(
+                process_up=False, health_ok=False, model_listed=False, inference_ok=False
+            )
+            return HealthComplete(
+                kind="runtime.health.v1", lease=self.fence, device_id=self.device_id,
+                health=health, loaded_model=None,
+            )  # fmt: skip
+        layers = await server.health()
+        inference = False
+        if layers.ready:
+            body = {
+                "model": server.model.served_name,
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1,
+            }
+            try:
+                response = await server.http.post("/v1/chat/completions", json=body, timeout=60)
+                inference = response.status_code == 200
+            except Exception:  # any failure of the call is a failed layer, reported
+                inference = False
+        health = ProbeHealth(
+            process_up=layers.process_up,
+            health_ok=layers.health_ok,
+            model_listed=layers.model_listed,
+            inference_ok=inference,
+        )
+        return HealthComplete(
+            kind="runtime.health.v1", lease=self.fence, device_id=self.device_id,
+            health=health, loaded_model=server.model.model_id if server.alive else None,
+        )  # fmt: skip
