@@ -29,7 +29,23 @@ SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 Collector = Literal["nvml", "simulated", "none"]
 
 
-class AgentConfig(BaseSettings):
+class YamlSettings(BaseSettings):
+    """Settings read from YAML files (passed as init values) and the environment."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins: the environment over the YAML files.
+        return (env_settings, init_settings)
+
+
+class AgentConfig(YamlSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         extra="forbid",
@@ -94,18 +110,6 @@ class AgentConfig(BaseSettings):
     # Sequence numbers reserved per state write (a crash skips at most this many).
     sequence_block: int = Field(default=64, ge=1, le=1_000_000)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # First wins: the environment over the YAML files (passed as init values).
-        return (env_settings, init_settings)
 
     @field_validator("log_level", mode="before")
     @classmethod

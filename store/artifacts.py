@@ -23,7 +23,7 @@ from schemas.artifacts import (
 )
 from schemas.errors import ErrorCode
 from schemas.events import EventType
-from schemas.jobs import FailureCode, JobKind, JobState
+from schemas.jobs import FailureCode, JobKind
 from store import changes, leases, nodes
 from store.errors import Invalid
 from store.models import Job, Node, NodeArtifact, NodeStream
@@ -75,23 +75,7 @@ async def create(
         target_root=request.target_root,
         reserve=request.reserve,
     )
-    now = await nodes.now(session)
-    job = Job(
-        id=uuid.uuid4(),
-        kind=KIND.value,
-        node_id=node.id,
-        state=JobState.QUEUED.value,
-        spec=spec.model_dump(mode="json"),
-        attempt=0,
-        max_attempts=request.max_attempts,
-        available_at=now,
-        lease_epoch=0,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(job)
-    changes.record(session, EventType.JOB_CREATED, leases.event(job), actor=actor)
-    return job
+    return await leases.queue(session, KIND, node.id, spec, request.max_attempts, actor=actor)
 
 
 def spec_of(job: Job) -> ArtifactSpec:

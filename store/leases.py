@@ -30,6 +30,7 @@ from enum import StrEnum
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from schemas.base import WireModel
 from schemas.errors import ErrorCode
 from schemas.events import EventType, JobEvent
 from schemas.jobs import FailureCode, JobKind, JobState, Lease, LeaseFence
@@ -82,6 +83,36 @@ def event(job: Job, **extra: object) -> JobEvent:
 
 def _kinds(kind: JobKind | tuple[JobKind, ...]) -> list[str]:
     return [k.value for k in (kind if isinstance(kind, tuple) else (kind,))]
+
+
+async def queue(
+    session: AsyncSession,
+    kind: JobKind,
+    node_id: uuid.UUID,
+    spec: WireModel,
+    max_attempts: int,
+    *,
+    actor: str,
+) -> Job:
+    """A new job of any kind, queued for the node now, and its job.created event (the
+    notification that wakes the node)."""
+    now = await database_now(session)
+    job = Job(
+        id=uuid.uuid4(),
+        kind=kind.value,
+        node_id=node_id,
+        state=QUEUED,
+        spec=spec.model_dump(mode="json"),
+        attempt=0,
+        max_attempts=max_attempts,
+        available_at=now,
+        lease_epoch=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    changes.record(session, EventType.JOB_CREATED, event(job), actor=actor)
+    return job
 
 
 async def claim(

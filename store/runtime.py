@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.artifacts import DigestAlgorithm
 from schemas.errors import ErrorCode
 from schemas.events import EventType, RuntimeProfileCreated
-from schemas.jobs import JobKind, JobState
+from schemas.jobs import JobKind
 from schemas.runtime import (
     DeviceJobCreate,
     DeviceSpec,
@@ -186,7 +186,7 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
         binary_sha256=environment.binary_sha256,
         device_id=request.device_id,
     )
-    return await _queue(session, PROBE, node.id, spec, request.max_attempts, actor=actor)
+    return await leases.queue(session, PROBE, node.id, spec, request.max_attempts, actor=actor)
 
 
 async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, actor: str) -> Job:
@@ -201,7 +201,7 @@ async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, 
             code=ErrorCode.DEVICE_NOT_ON_NODE,
             extra={"devices": devices},
         )
-    return await _queue(
+    return await leases.queue(
         session,
         JobKind(request.kind),
         node.id,
@@ -209,34 +209,6 @@ async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, 
         request.max_attempts,
         actor=actor,
     )
-
-
-async def _queue(
-    session: AsyncSession,
-    kind: JobKind,
-    node_id: uuid.UUID,
-    spec: ProbeSpec | DeviceSpec,
-    max_attempts: int,
-    *,
-    actor: str,
-) -> Job:
-    now = await nodes.now(session)
-    job = Job(
-        id=uuid.uuid4(),
-        kind=kind.value,
-        node_id=node_id,
-        state=JobState.QUEUED.value,
-        spec=spec.model_dump(mode="json"),
-        attempt=0,
-        max_attempts=max_attempts,
-        available_at=now,
-        lease_epoch=0,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(job)
-    changes.record(session, EventType.JOB_CREATED, leases.event(job), actor=actor)
-    return job
 
 
 def spec_of(job: Job) -> ProbeSpec | DeviceSpec:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from agent.config import load_settings
+from agent.config import YamlSettings, load_settings
 from schemas.runtime import LlamaSettings
 
 ENV_PREFIX = "MODELFORGE_RUNTIME_"
@@ -49,7 +49,7 @@ class ModelSpec(LlamaSettings):
         return self.alias or self.model_id
 
 
-class RuntimeConfig(BaseSettings):
+class RuntimeConfig(YamlSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     # The control plane (outbound only), as the agent's config has it, and the agent's
@@ -90,17 +90,6 @@ class RuntimeConfig(BaseSettings):
     dispatcher_heartbeat_interval_s: float = Field(default=10.0, gt=0)
     node_name: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (env_settings, init_settings)
 
     @field_validator("models")
     @classmethod

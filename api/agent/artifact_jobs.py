@@ -6,11 +6,11 @@ only the current, unexpired lease gets past the fence."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import NodeRequest, NodeTransaction
+from api.agent import leased
+from api.deps import NodeTransaction
 from api.errors import error_responses
 from schemas.artifacts import (
     ArtifactClaim,
@@ -24,7 +24,6 @@ from schemas.jobs import (
     FailReport,
     FailureCode,
     JobState,
-    LeaseFence,
     ProgressAnswer,
 )
 from schemas.protocol import (
@@ -34,22 +33,10 @@ from schemas.protocol import (
     ARTIFACT_JOBS_NEXT,
 )
 from store import artifacts, leases
-from store.models import Job
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
 # A report can also name a job that does not exist (404).
 REPORT = error_responses(404)
-
-
-async def _held(request: NodeRequest, job_id: uuid.UUID, fence: LeaseFence) -> tuple[Job, datetime]:
-    """The job under the caller's current lease (store/leases.py: held), locked."""
-    return await leases.held(
-        request.session,
-        kind=artifacts.KIND,
-        job_id=job_id,
-        node_id=request.node.node_id,
-        fence=fence,
-    )
 
 
 @router.get(
@@ -81,17 +68,11 @@ async def report_artifact_progress(
     job_id: uuid.UUID, body: ProgressReport, request: NodeTransaction
 ) -> ProgressAnswer:
     """Bytes per file; extends the lease. The answer says whether to stop (cancelled)."""
-    job, now = await _held(request, job_id, body.lease)
+    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
     artifacts.record_progress(
         request.session, job, body, now, actor=node_actor(request.node.node_id)
     )
-    policy = request.state.leases
-    leases.extend(job, now, policy)
-    return ProgressAnswer(
-        job_id=job.id,
-        cancel_requested=job.cancel_requested_at is not None,
-        lease=leases.lease_of(job, policy),
-    )
+    return leased.extended(request, job, now)
 
 
 @router.post(ARTIFACT_JOB_COMPLETE, responses=REPORT)
@@ -100,7 +81,7 @@ async def complete_artifact_job(
 ) -> CompleteAnswer:
     """The verified inventory. A match records the artifact on the node; a mismatch
     fails the job (inventory_mismatch): either way the answer is 200 with the outcome."""
-    job, now = await _held(request, job_id, body.lease)
+    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
     mismatches = await artifacts.complete(
         request.session,
         job,
@@ -117,19 +98,12 @@ async def fail_artifact_job(
     job_id: uuid.UUID, body: FailReport, request: NodeTransaction
 ) -> FailAnswer:
     """A typed failure. Retried with backoff while it may help and attempts remain."""
-    job, now = await _held(request, job_id, body.lease)
-    leases.fail(
-        request.session,
+    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
+    return leased.failed(
+        request,
         job,
         now,
-        request.state.leases,
         code=FailureCode(body.code.value),
         retryable=body.retryable,
         detail=body.detail,
-        actor=node_actor(request.node.node_id),
-    )
-    return FailAnswer(
-        job_id=job.id,
-        state=JobState(job.state),
-        retry_at=job.available_at if job.state == JobState.QUEUED.value else None,
     )

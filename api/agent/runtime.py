@@ -5,16 +5,16 @@ as artifact jobs: only the node the probe belongs to, under its current lease.""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 
 from fastapi import APIRouter, Response, status
 
+from api.agent import leased
 from api.agent.ingest import ingest_runtime
-from api.deps import NodeRequest, NodeTransaction
+from api.deps import NodeTransaction
 from api.errors import error_responses
 from schemas.agent import IngestResult
 from schemas.events import node_actor
-from schemas.jobs import FailAnswer, JobState, LeaseFence, ProgressAnswer
+from schemas.jobs import FailAnswer, JobState, ProgressAnswer
 from schemas.protocol import (
     RUNTIME,
     RUNTIME_PROBE_COMPLETE,
@@ -34,20 +34,9 @@ from schemas.runtime import (
 )
 from schemas.runtime_local import RuntimeReport
 from store import leases, runtime
-from store.models import Job
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
 REPORT = error_responses(404)
-
-
-async def _held(request: NodeRequest, job_id: uuid.UUID, fence: LeaseFence) -> tuple[Job, datetime]:
-    return await leases.held(
-        request.session,
-        kind=runtime.KINDS,
-        job_id=job_id,
-        node_id=request.node.node_id,
-        fence=fence,
-    )
 
 
 @router.put(RUNTIME)
@@ -96,15 +85,9 @@ async def report_probe_progress(
     job_id: uuid.UUID, body: ProbeProgress, request: NodeTransaction
 ) -> ProgressAnswer:
     """The phase; extends the lease. The answer says whether to stop (cancelled)."""
-    job, now = await _held(request, job_id, body.lease)
+    job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)
     job.progress = {"phase": body.phase, "reported_at": now.isoformat()}
-    policy = request.state.leases
-    leases.extend(job, now, policy)
-    return ProgressAnswer(
-        job_id=job.id,
-        cancel_requested=job.cancel_requested_at is not None,
-        lease=leases.lease_of(job, policy),
-    )
+    return leased.extended(request, job, now)
 
 
 @router.post(RUNTIME_PROBE_COMPLETE, responses=REPORT)
@@ -114,7 +97,7 @@ async def complete_runtime_job(
     """A probe's layered health and measured evidence (stored per node, device,
     artifact, profile and environment), or a health or unload job's report; the body
     must be of the job's kind."""
-    job, now = await _held(request, job_id, body.lease)
+    job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)
     await runtime.complete(request.session, job, body, now, actor=node_actor(request.node.node_id))
     return ProbeOutcome(job_id=job.id, state=JobState(job.state))
 
@@ -124,19 +107,7 @@ async def fail_runtime_probe(
     job_id: uuid.UUID, body: ProbeFail, request: NodeTransaction
 ) -> FailAnswer:
     """A normalised runtime failure. Retried with backoff while it may help."""
-    job, now = await _held(request, job_id, body.lease)
-    leases.fail(
-        request.session,
-        job,
-        now,
-        request.state.leases,
-        code=body.code,
-        retryable=body.retryable,
-        detail=body.detail,
-        actor=node_actor(request.node.node_id),
-    )
-    return FailAnswer(
-        job_id=job.id,
-        state=JobState(job.state),
-        retry_at=job.available_at if job.state == JobState.QUEUED.value else None,
+    job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)
+    return leased.failed(
+        request, job, now, code=body.code, retryable=body.retryable, detail=body.detail
     )

@@ -76,13 +76,21 @@ def reported_environment(api: RunningApi, node_id: str, binary: Path) -> str:
 
 
 def probe(api: RunningApi, node_id: str, profile_id: str, environment_id: str) -> dict[str, Any]:
-    body = {
+    return run_job(api, {
         "node_id": node_id,
         "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
         "profile_id": profile_id,
         "environment_id": environment_id,
         "max_attempts": 1,
-    }
+    })  # fmt: skip
+
+
+def device_job(api: RunningApi, node_id: str, kind: str) -> dict[str, Any]:
+    return run_job(api, {"kind": kind, "node_id": node_id, "device_id": "cpu", "max_attempts": 1})
+
+
+def run_job(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
+    """Create the runtime job; the job once it ended."""
     with api.client() as client:
         response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
     assert response.status_code == 201, response.text
@@ -138,14 +146,6 @@ def test_a_probe_succeeds_with_measured_evidence(
         10,
         "the unload in the runtime report",
     )
-
-
-def device_job(api: RunningApi, node_id: str, kind: str) -> dict[str, Any]:
-    body = {"kind": kind, "node_id": node_id, "device_id": "cpu", "max_attempts": 1}
-    with api.client() as client:
-        response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
-    assert response.status_code == 201, response.text
-    return ended(api, response.json()["id"], 60, collection=RUNTIME_PROBES)
 
 
 def test_digest_mismatches_are_typed_failures(
