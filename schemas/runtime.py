@@ -218,8 +218,14 @@ class DeviceJobCreate(WireModel):
     max_attempts: Attempts = 3
 
 
-def _kind_of(value: Any) -> str:
-    kind = value.get("kind", PROBE_KIND) if isinstance(value, dict) else value.kind
+def _kind_of(value: Any) -> str | None:
+    """The form a create body takes, by its `kind`; None (a 422) for what is no object."""
+    if isinstance(value, dict):
+        kind = value.get("kind", PROBE_KIND)
+    elif isinstance(value, ProbeCreate | DeviceJobCreate):
+        kind = value.kind
+    else:
+        return None
     return PROBE_KIND if kind == PROBE_KIND else "device"
 
 
@@ -326,8 +332,12 @@ class UnloadComplete(WireModel):
     settle_s: Seconds | None = None
 
 
-def _completed_kind(value: Any) -> str:
-    return str(value.get("kind", PROBE_KIND) if isinstance(value, dict) else value.kind)
+def _completed_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return str(value.get("kind", PROBE_KIND))
+    if isinstance(value, ProbeComplete | HealthComplete | UnloadComplete):
+        return value.kind
+    return None
 
 
 # POST …/runtime-probes/{id}/complete: the body of the job's kind (a probe's by default).

@@ -1,7 +1,8 @@
 """Runtime probes end to end, all real: the API with its workers, an agent that acquires
 the model through an artifact job from a local Hub-layout server, and the runtime worker
 beside it (the node's credential from the agent's state dir) that reports its binary,
-claims the probe, runs the real llama-server and reports layered health and evidence."""
+is woken by the job's notification, claims the probe, runs the real llama-server and
+reports layered health and evidence."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def runtime_beside(
         state_dir=str(state),
         llama_server_path=str(binary),
         report_interval_s=0.5,
-        job_poll_interval_s=0.3,
+        # Longer than any test here: every job is claimed because a notification (the
+        # agent's SSE listener, relayed by the API from NATS) woke the worker.
+        job_poll_interval_s=600,
         llama_server_probe_interval_s=0.05,
         trust_env=False,
     )
