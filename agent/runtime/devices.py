@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,15 +68,23 @@ class DeviceSlot:
 
     @asynccontextmanager
     async def serving(
-        self, model: ModelSpec, *, bounded: bool = True
+        self,
+        model: ModelSpec,
+        *,
+        bounded: bool = True,
+        when_turn: Callable[[], None] | None = None,
     ) -> AsyncIterator[LlamaServer]:
         """The device's server for `model`, held for the caller's request. bounded=False
-        (runtime jobs, which the control plane already paces) waits in line regardless."""
+        (runtime jobs, which the control plane already paces) waits in line regardless;
+        `when_turn` runs once the turn has come, before any load (it may raise: a job
+        cancelled while it waited loads nothing)."""
         if bounded and self.pending >= self.settings.max_pending:
             raise Busy(f"{self.device.id}: {self.pending} requests in flight or queued")
         self.pending += 1
         try:
             async with self._turn:
+                if when_turn is not None:
+                    when_turn()
                 yield await self.ensure_server(model)
         finally:
             self.pending -= 1

@@ -86,7 +86,7 @@ class ProbeRun(LeasedRun):
         self.phase = "loading"
         settle_before = slot.last_settle_s
         try:
-            async with slot.serving(model, bounded=False) as server:
+            async with slot.serving(model, bounded=False, when_turn=self._check) as server:
                 self._check()
                 self.phase = "probing"
                 health, timings = await self._infer(server)

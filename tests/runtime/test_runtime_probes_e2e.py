@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,59 @@ def test_digest_mismatches_are_typed_failures(
     failed = probe(api, node_id, profile["id"], environment)
     assert failed["failure"]["code"] == "binary_digest_mismatch"
     assert failed["failure"]["retryable"] is False
+
+
+def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
+    probe_api: RunningApi,
+    agents: StartAgent,
+    runtimes: StartRuntime,
+    hub: HubServer,
+    tmp_path: Path,
+    llama_server: Path,
+    instruct_model: Path,
+) -> None:
+    """The device is busy with a long local request; the probe claimed meanwhile waits
+    its turn, keeping its lease; the operator cancels it; it ends cancelled without
+    having run (its progress report carried the cancel)."""
+    api = probe_api
+    node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
+    runtime = runtimes(
+        "runtime",
+        api_url=api.base_url,
+        state_dir=str(state),
+        llama_server_path=str(llama_server),
+        models=[{"model_id": "smol", "path": str(instruct_model), "threads": 2, "ctx_size": 512}],
+        report_interval_s=0.5,
+        job_poll_interval_s=0.3,
+        trust_env=False,
+    )
+    environment = reported_environment(api, node_id, llama_server)
+    with api.client() as client:
+        profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
+
+    def busy() -> None:
+        with runtime.client() as http:
+            story = [{"role": "user", "content": "Tell a very long story."}]
+            body = {"model": "smol", "max_tokens": 400, "temperature": 1.0, "messages": story}
+            assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+    holder = threading.Thread(target=busy)
+    holder.start()
+    wait_until(lambda: runtime.inventory()["devices"][0]["queue_depth"] >= 1, 30, "the busy device")
+    with api.client() as client:
+        body = {"node_id": node_id, "profile_id": profile["id"], "environment_id": environment,
+                "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF}}  # fmt: skip
+        created_probe = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+        assert created_probe.status_code == 201, created_probe.text
+        job_id = created_probe.json()["id"]
+        wait_until(
+            lambda: admin(api, "GET", f"{RUNTIME_PROBES}/{job_id}")["state"] == "leased",
+            15, "the claim",
+        )  # fmt: skip
+        cancel = client.post(f"{RUNTIME_PROBES}/{job_id}/cancel", headers=api.admin_headers)
+        assert cancel.status_code == 200, cancel.text
+    done = ended(api, job_id, 60, collection=RUNTIME_PROBES)
+    holder.join(timeout=60)
+    assert done["state"] == "cancelled", done
+    assert admin(api, "GET", RUNTIME_EVIDENCE, params={"node_id": node_id})["items"] == []
+    assert "llama-server for probe-" not in runtime.output, "nothing was loaded for it"
