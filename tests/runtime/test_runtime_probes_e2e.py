@@ -50,20 +50,21 @@ def node_with_model(
 
 
 def runtime_beside(
-    runtimes: StartRuntime, api: RunningApi, state: Path, binary: Path
+    runtimes: StartRuntime, api: RunningApi, state: Path, binary: Path, **extra: Any
 ) -> RuntimeProcess:
-    return runtimes(
-        "runtime",
-        api_url=api.base_url,
-        state_dir=str(state),
-        llama_server_path=str(binary),
-        report_interval_s=0.5,
+    """A runtime worker beside the agent whose state dir is `state`."""
+    settings: dict[str, Any] = {
+        "api_url": api.base_url,
+        "state_dir": str(state),
+        "llama_server_path": str(binary),
+        "report_interval_s": 0.5,
         # Longer than any test here: every job is claimed because a notification (the
         # agent's SSE listener, relayed by the API from NATS) woke the worker.
-        job_poll_interval_s=600,
-        llama_server_probe_interval_s=0.05,
-        trust_env=False,
-    )
+        "job_poll_interval_s": 600,
+        "llama_server_probe_interval_s": 0.05,
+        "trust_env": False,
+    }
+    return runtimes("runtime", **{**settings, **extra})
 
 
 def reported_environment(api: RunningApi, node_id: str, binary: Path) -> str:
@@ -199,16 +200,8 @@ def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
     having run (its progress report carried the cancel)."""
     api = probe_api
     node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
-    runtime = runtimes(
-        "runtime",
-        api_url=api.base_url,
-        state_dir=str(state),
-        llama_server_path=str(llama_server),
-        models=[{"model_id": "smol", "path": str(instruct_model), "threads": 2, "ctx_size": 512}],
-        report_interval_s=0.5,
-        job_poll_interval_s=0.3,
-        trust_env=False,
-    )
+    smol = {"model_id": "smol", "path": str(instruct_model), "threads": 2, "ctx_size": 512}
+    runtime = runtime_beside(runtimes, api, state, llama_server, models=[smol])
     environment = reported_environment(api, node_id, llama_server)
     with api.client() as client:
         profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
