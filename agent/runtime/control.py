@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.client import ProtocolClient
-from agent.errors import RequestFailed
+from agent.errors import Conflict, RequestFailed
 from agent.jobs.wakeups import listen, wait_for_wake
 from agent.runtime.device_jobs import DeviceJobRun
 from agent.runtime.probe import ProbeRun
@@ -48,6 +48,12 @@ class SequenceFile:
         except (OSError, ValueError):
             self._next = 1
         self._reserved = self._next - 1
+
+    def advance_past(self, cursor: int) -> None:
+        """The control plane has seen up to cursor (the run dir was lost): jump past it."""
+        if cursor >= self._next:
+            self._next = cursor + 1
+            self._reserved = self._next - 1  # the next take reserves a block past it
 
     def take(self) -> int:
         if self._next > self._reserved:
@@ -112,7 +118,14 @@ class ControlPlane:
             logger.info("using the node's new credential from the agent's state dir")
             self.client.credential = current
         try:
-            await self.client.put_runtime(self.report())
+            try:
+                await self.client.put_runtime(self.report())
+            except Conflict as replayed:
+                if replayed.cursor is None:
+                    raise
+                # Our sequence file is behind the stream (a new run dir): catch up once.
+                self.sequences.advance_past(replayed.cursor)
+                await self.client.put_runtime(self.report())
         except RequestFailed as exc:
             kind = f"{type(exc).__name__}: {exc}"
             if self._refused != kind:
