@@ -7,8 +7,11 @@ reports layered health and evidence."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -215,18 +218,29 @@ def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
     holder = threading.Thread(target=busy)
     holder.start()
     wait_until(lambda: runtime.inventory()["devices"][0]["queue_depth"] >= 1, 30, "the busy device")
-    with api.client() as client:
-        body = {"node_id": node_id, "profile_id": profile["id"], "environment_id": environment,
-                "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF}}  # fmt: skip
-        created_probe = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
-        assert created_probe.status_code == 201, created_probe.text
-        job_id = created_probe.json()["id"]
-        wait_until(
-            lambda: admin(api, "GET", f"{RUNTIME_PROBES}/{job_id}")["state"] == "leased",
-            15, "the claim",
-        )  # fmt: skip
-        cancel = client.post(f"{RUNTIME_PROBES}/{job_id}/cancel", headers=api.admin_headers)
-        assert cancel.status_code == 200, cancel.text
+    # Freeze the server mid-request: the device stays held, whatever the machine's pace.
+    server = runtime.server_pid()
+    assert server is not None
+    os.kill(server, signal.SIGSTOP)
+    try:
+        with api.client() as client:
+            body = {"node_id": node_id, "profile_id": profile["id"],
+                    "environment_id": environment,
+                    "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF}}  # fmt: skip
+            created_probe = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+            assert created_probe.status_code == 201, created_probe.text
+            job_id = created_probe.json()["id"]
+            wait_until(
+                lambda: admin(api, "GET", f"{RUNTIME_PROBES}/{job_id}")["state"] == "leased",
+                15, "the claim",
+            )  # fmt: skip
+            cancel = client.post(f"{RUNTIME_PROBES}/{job_id}/cancel", headers=api.admin_headers)
+            assert cancel.status_code == 200, cancel.text
+        # Two progress reports' worth (every 2.5 s under a 10 s lease): the waiting probe
+        # has been told by the time its turn comes.
+        time.sleep(6)
+    finally:
+        os.kill(server, signal.SIGCONT)
     done = ended(api, job_id, 60, collection=RUNTIME_PROBES)
     holder.join(timeout=60)
     assert done["state"] == "cancelled", done
