@@ -4,7 +4,10 @@ after the request in flight, with the time the device took to show the memory fr
 
 from __future__ import annotations
 
+import httpx
+
 from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
+from agent.runtime.server import LlamaServer
 from agent.runtime.worker import RuntimeWorker
 from schemas.runtime import (
     HEALTH_KIND,
@@ -40,11 +43,9 @@ class DeviceJobRun(LeasedRun):
             settle_s=settle,
         )
 
-    async def _health(self, server: object) -> HealthComplete:
-        from agent.runtime.server import LlamaServer
-
+    async def _health(self, server: LlamaServer | None) -> HealthComplete:
         self.phase = "probing"
-        if not isinstance(server, LlamaServer):
+        if server is None:
             health = ProbeHealth(
                 process_up=False, health_ok=False, model_listed=False, inference_ok=False
             )
@@ -55,15 +56,9 @@ class DeviceJobRun(LeasedRun):
         layers = await server.health()
         inference = False
         if layers.ready:
-            body = {
-                "model": server.model.served_name,
-                "messages": [{"role": "user", "content": "ping"}],
-                "max_tokens": 1,
-            }
             try:
-                response = await server.http.post("/v1/chat/completions", json=body, timeout=60)
-                inference = response.status_code == 200
-            except Exception:  # any failure of the call is a failed layer, reported
+                inference = (await server.one_token("ping")).status_code == 200
+            except httpx.HTTPError:  # a failed call is a failed layer, reported as such
                 inference = False
         health = ProbeHealth(
             process_up=layers.process_up,

@@ -213,14 +213,18 @@ class LlamaServer:
             await asyncio.sleep(self.settings.probe_interval_s)
         await self._warm_up()
 
-    async def _warm_up(self) -> None:
+    async def one_token(self, content: str = "hi") -> httpx.Response:
+        """A one-token chat completion: the warm-up, and a health check's inference."""
         body = {
             "model": self.model.served_name,
-            "messages": [{"role": "user", "content": "hi"}],
+            "messages": [{"role": "user", "content": content}],
             "max_tokens": 1,
         }
+        return await self.http.post("/v1/chat/completions", json=body, timeout=60)
+
+    async def _warm_up(self) -> None:
         try:
-            response = await self.http.post("/v1/chat/completions", json=body, timeout=60)
+            response = await self.one_token()
         except httpx.HTTPError as exc:
             raise (
                 self._exited()
