@@ -8,6 +8,7 @@ unauthenticated caller gets 401, not a description of our schema.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -28,12 +29,25 @@ from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER
+from store import nodes
 
 State = Annotated[ApiState, Depends(get_state)]
 
 
+@contextlib.asynccontextmanager
+async def _committed(state: ApiState) -> AsyncIterator[AsyncSession]:
+    async with state.sessions() as session:
+        async with session.begin():
+            yield session
+        # Committed: a node whose standing it changed is dropped from this process's node
+        # cache now, before the response is sent, not when our own NOTIFY comes back; a
+        # cache read that began before the commit is then never stored (api/node_cache.py).
+        for node_id in nodes.changed_standing(session):
+            state.node_cache.forget_node(node_id)
+
+
 async def _transaction(state: State) -> AsyncIterator[AsyncSession]:
-    async with state.sessions() as session, session.begin():
+    async with _committed(state) as session:
         yield session
 
 
@@ -111,7 +125,7 @@ async def require_operator(
 async def _admin_transaction(
     state: State, _: Annotated[None, Depends(require_operator)]
 ) -> AsyncIterator[AsyncSession]:
-    async with state.sessions() as session, session.begin():
+    async with _committed(state) as session:
         yield session
 
 

@@ -9,6 +9,11 @@ milliseconds, so a revoked node is refused everywhere well inside a second. Whil
 LISTEN connection is down the cache holds nothing and answers nothing, and it starts
 empty again once reconnected (notifications may have been missed meanwhile).
 
+The process that commits a change to a node's standing (revocation, rotation, disable,
+decommission) does not wait for its own notification: it drops the node right after the
+commit, before it answers (api/deps.py, store/nodes.py `standing_changed`), so an
+operator who rotated a credential is never answered by a replica that still takes it.
+
 A race to avoid: a request reads the node from the database, a revocation commits and
 its notification arrives, then the request stores what it read. Every notification bumps
 `generation` and records it against its node; a read is stored only if no notification
@@ -120,7 +125,12 @@ async def node_cache(database_url: str) -> AsyncIterator[NodeCache]:
     """A cache kept true by LISTEN, for the lifespan of the API process."""
     cache = NodeCache()
     stop = asyncio.Event()
-    listener = Listener(on_payload=cache._on_payload, on_connected=cache._on_connected)
+    # Bound late, so that a test can hold the notifications back and show that what the
+    # process itself changed needs none of them (tests/test_rotation_race.py).
+    listener = Listener(
+        on_payload=lambda payload: cache._on_payload(payload),
+        on_connected=cache._on_connected,
+    )
     task = asyncio.create_task(listen(database_url, NODE_CHANGES_CHANNEL, listener, stop))
     try:
         yield cache

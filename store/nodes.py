@@ -5,6 +5,8 @@
 * `is_terminal`: a decommissioned node can never change again;
 * `schedulable`: the node a new job may be created for;
 * `revoke_active_credentials`: the one UPDATE that ends a node's credentials;
+* `standing_changed` / `changed_standing`: which nodes this transaction took standing
+  from, so that the process that commits it stops admitting them at once;
 * `with_liveness`: a node and its computed liveness, in one read.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Final
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -21,6 +24,8 @@ from store.errors import Missing, Refused
 from store.liveness import LivenessThresholds, liveness_expression
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
+
+_CHANGED_STANDING: Final = "modelforge.changed_standing"
 
 
 async def now(session: AsyncSession) -> datetime:
@@ -57,6 +62,23 @@ async def schedulable(session: AsyncSession, node_id: uuid.UUID, *, locked: bool
     return node
 
 
+def standing_changed(session: AsyncSession, node_id: uuid.UUID) -> None:
+    """Note that this transaction changes whether the node's credential admits it
+    (revocation, rotation, disable, decommission).
+
+    Every replica hears of it through the commit's NOTIFY (migration 0006); the process
+    that commits it must not wait for its own notification to come back, or it could
+    admit a rotated-away credential from its node cache for that moment. It reads this
+    note right after the commit (api/deps.py)."""
+    session.info.setdefault(_CHANGED_STANDING, set()).add(node_id)
+
+
+def changed_standing(session: AsyncSession) -> set[uuid.UUID]:
+    """The nodes noted by `standing_changed` since the last call (the note is taken)."""
+    noted: set[uuid.UUID] = session.info.pop(_CHANGED_STANDING, set())
+    return noted
+
+
 async def revoke_active_credentials(
     session: AsyncSession, node_id: uuid.UUID, reason: str, at: datetime
 ) -> list[uuid.UUID]:
@@ -67,7 +89,10 @@ async def revoke_active_credentials(
         .values(revoked_at=at, revoked_reason=reason)
         .returning(NodeCredential.id)
     )
-    return list(result.scalars().all())
+    revoked = list(result.scalars().all())
+    if revoked:
+        standing_changed(session, node_id)
+    return revoked
 
 
 async def with_liveness(

@@ -2,6 +2,8 @@
 
 Each race must be serially consistent: the outcome is one that some serial order of the
 same requests would have produced, and at most one credential of a node is ever active.
+And the process that rotated, revoked, disabled or decommissioned refuses the node's
+next request at once, from its node cache too, without its own NOTIFY.
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
+from fastapi import FastAPI
 
+from api.node_cache import NodeCache
 from schemas.protocol import AUDIT
+from tests.agent.harness import wait_until
+from tests.api_processes import REFUSALS, refuse, routine_heartbeats
 from tests.api_server import RunningApi
 from tests.flows import (
     HEARTBEAT,
     INVENTORY,
     NODES,
     TELEMETRY,
+    EnrolledNode,
     enroll,
     gpu,
     heartbeat_body,
@@ -309,3 +317,68 @@ async def test_same_sequence_storm_accepts_exactly_one(api: RunningApi) -> None:
         assert sorted(row["details"]["gpu_uuid"] for row in added) == [
             f"GPU-seq-{s}" for s in range(1, 4)
         ]
+
+
+# ------------------------------------------------------- the changing process, at once
+
+
+@pytest.fixture
+def held_notifications(api: RunningApi, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The API's node cache gets no NOTIFY for the rest of the test: each one is kept
+    here, unapplied. What it then refuses, it refuses without them (api/node_cache.py)."""
+    app = api.server.config.app
+    assert isinstance(app, FastAPI)  # the in-process test API (tests/api_server.py)
+    cache: NodeCache = app.state.modelforge.node_cache
+    held: list[str] = []
+    monkeypatch.setattr(cache, "_on_payload", held.append)
+    return held
+
+
+def cached(client: httpx.Client, node: EnrolledNode) -> None:
+    """Heartbeat until the API answers the node from its node cache (the routine path)."""
+    before = routine_heartbeats(client)
+
+    def routine() -> bool:
+        beat = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
+        assert beat.status_code == 200, beat.text
+        return routine_heartbeats(client) > before
+
+    wait_until(routine, 10, "the node answered from the node cache")
+
+
+def test_the_rotating_process_refuses_the_old_credential_at_once(
+    api: RunningApi, held_notifications: list[str]
+) -> None:
+    """Rotate, then at once present the rotated-away credential to the same process,
+    whose cache held it: refused every time, with its own NOTIFY held back."""
+    with api.client() as client:
+        node = enroll(client, api)
+        rotate = f"{NODES}/{node.node_id}/credential/rotate"
+        for _ in range(ROTATIONS):
+            cached(client, node)
+            rotated = client.post(rotate, headers=api.admin_headers)
+            assert rotated.status_code == 200, rotated.text
+            old = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
+            assert (old.status_code, old.json().get("code")) == (401, "credential_revoked")
+            node = EnrolledNode(node.node_id, rotated.json()["credential"])
+        # The notifications did come, and none of them was applied.
+        wait_until(lambda: node.node_id in held_notifications, 5, "the rotations' NOTIFY")
+
+
+@pytest.mark.parametrize(("change", "status", "code"), REFUSALS)
+def test_the_changing_process_refuses_at_once(
+    api: RunningApi, held_notifications: list[str], change: str, status: int, code: str
+) -> None:
+    with api.client() as client:
+        node = enroll(client, api)
+        cached(client, node)
+        refuse(client, node.node_id, change)
+        for route in (HEARTBEAT, TELEMETRY):
+            if route == HEARTBEAT:
+                body = heartbeat_body(node.node_id)
+                response = client.post(route, json=body, headers=node.headers)
+            else:
+                body = telemetry_body(node.node_id, 1)
+                response = client.put(route, json=body, headers=node.headers)
+            assert (response.status_code, response.json().get("code")) == (status, code)
+        wait_until(lambda: node.node_id in held_notifications, 5, "the change's NOTIFY")

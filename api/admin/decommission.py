@@ -82,6 +82,7 @@ async def execute(
         ).scalars()
     )
     node.decommissioned_at = now
+    nodes.standing_changed(session, node.id)
     node.decommission_reason = request.reason
     node.updated_at = now
     changes.record(

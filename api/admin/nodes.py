@@ -119,6 +119,7 @@ async def patch_node(
     if enablement:
         assert patch.enabled is not None
         node.enabled = patch.enabled
+        nodes.standing_changed(session, node.id)
         kind = EventType.NODE_ENABLED if patch.enabled else EventType.NODE_DISABLED
         changes.record(
             session,
