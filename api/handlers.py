@@ -88,13 +88,25 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         FieldError(location=list(error.get("loc", ())), message=error["msg"], type=error["type"])
         for error in errors
     ]
+    # A validator that refuses with an error code of the contract (a refused llama-server
+    # flag) makes it the response's code, with what the refusal names.
+    typed = [error for error in errors if error["type"] in _TYPED_VALIDATION]
+    code, message, extra = ErrorCode.VALIDATION_FAILED, "the request does not match the schema", {}
+    if typed:
+        code = ErrorCode(typed[0]["type"])
+        message = "; ".join(error["msg"] for error in typed)
+        extra = {"flags": [flag for error in typed for flag in error["ctx"].get("flags", [])]}
     body = ErrorBody(
-        code=ErrorCode.VALIDATION_FAILED,
-        message="the request does not match the schema",
+        code=code,
+        message=message,
         correlation_id=current_correlation_id() or "",
         details=details,
+        extra=extra,
     )
     return _respond(422, body)
+
+
+_TYPED_VALIDATION = frozenset({ErrorCode.SERVER_FLAG_REFUSED.value})
 
 
 class AllowedMethods:

@@ -25,6 +25,9 @@ class ErrorCode(StrEnum):
     ENVIRONMENT_UNKNOWN = "environment_unknown"
     ENVIRONMENT_NOT_ON_NODE = "environment_not_on_node"
     DEVICE_NOT_ON_NODE = "device_not_on_node"
+    # A runtime profile's server_args entry that the allow-list refuses (a flag it does
+    # not admit, or a value outside its type and bounds); `extra.flags` names them.
+    SERVER_FLAG_REFUSED = "server_flag_refused"
     # Not JSON at all: invalid UTF-8, a syntax error, nesting or a number beyond the
     # parser's limits.
     BODY_UNPARSEABLE = "body_unparseable"
@@ -65,11 +68,14 @@ class ErrorCode(StrEnum):
     JOB_FINISHED = "job_finished"
     # A job for a disabled or decommissioned node.
     NODE_NOT_SCHEDULABLE = "node_not_schedulable"
-    # 500 / 503
+    # 500 / 502 / 503
     INTERNAL_ERROR = "internal_error"
     BROKER_UNAVAILABLE = "broker_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"
     SOURCE_UNAVAILABLE = "source_unavailable"
+    # The artifact source answered something ModelForge does not read: too large, too
+    # deeply nested, not JSON, or not the shape its API has (502).
+    SOURCE_INVALID = "source_invalid"
 
 
 class FieldError(WireModel):

@@ -18,6 +18,7 @@ from pydantic import (
     Tag,
     WithJsonSchema,
 )
+from pydantic_core import PydanticCustomError
 
 from schemas.artifacts import CommitId, Repository
 from schemas.base import (
@@ -33,53 +34,34 @@ from schemas.base import (
     json_integer,
 )
 from schemas.jobs import Attempts, JobState, Lease, LeaseFence
+from schemas.llama_flags import profile_refusals, server_args_json_schema
 
-# llama-server flags in `server_args`: lower-case words joined by dashes, no leading dash.
-SERVER_FLAG_PATTERN: Final = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
-# Where the server listens, what it loads, what it fetches or exposes, and the flags of
-# the structured fields: set by the runtime worker or by those fields, never by
-# `server_args`.
-MANAGED_FLAGS: Final = frozenset(
-    {
-        "host", "port", "model", "m", "alias", "a", "model-url", "mu", "hf-repo", "hfr",
-        "hf-file", "hff", "hf-token", "hft", "hf-repo-draft", "hfd", "docker-repo", "dr",
-        "api-key", "api-key-file", "ssl-key-file", "ssl-cert-file", "path", "webui",
-        "no-webui", "log-file", "ctx-size", "c", "batch-size", "b", "ubatch-size", "ub",
-        "threads", "t", "threads-batch", "tb", "gpu-layers", "n-gpu-layers", "ngl",
-        "main-gpu", "mg", "tensor-split", "ts", "flash-attn", "fa", "device", "dev", "slots",
-        "props", "metrics", "rpc", "lora", "lora-scaled", "control-vector", "mmproj",
-        "mmproj-url", "model-draft", "md", "models-dir", "models-preset",
-    }
-)  # fmt: skip
-
-
-def _not_managed(name: str) -> str:
-    if name in MANAGED_FLAGS:
-        raise ValueError(f"server_args: --{name} is set by the runtime worker or a field")
-    return name
-
-
-# A `server_args` key; the JSON Schema says both rules (its pattern, and not a managed
-# flag), so a client's validator and ours agree.
-FlagName = Annotated[
-    str,
-    Strict(),
-    Field(max_length=64, pattern=SERVER_FLAG_PATTERN),
-    AfterValidator(_not_managed),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "maxLength": 64,
-            "pattern": SERVER_FLAG_PATTERN,
-            "not": {"enum": sorted(MANAGED_FLAGS)},
-        }
-    ),
-]
+# A `server_args` entry's value: a scalar, each one argv element (never a shell string).
 ServerArg = Flag | Integer | Number | Annotated[Text, Field(max_length=256)]
-# As for Labels (schemas/base.py): patternProperties alone would admit any other key.
-ServerArgs = Annotated[
-    dict[FlagName, ServerArg],
-    Field(max_length=64, json_schema_extra={"additionalProperties": False}),
+SERVER_FLAG_REFUSED: Final = "server_flag_refused"
+
+
+def _allowed_only(server_args: dict[str, Any]) -> dict[str, Any]:
+    """The allow-list (schemas/llama_flags.py): a refusal names every flag it refuses."""
+    refusals = profile_refusals(server_args)
+    if refusals:
+        raise PydanticCustomError(
+            SERVER_FLAG_REFUSED,
+            "{reasons}",
+            {
+                "reasons": "; ".join(r.reason for r in refusals),
+                "flags": [r.flag for r in refusals],
+            },
+        )
+    return server_args
+
+
+# A RuntimeProfile's `server_args`: only what the allow-list admits, with its bounds.
+ProfileServerArgs = Annotated[
+    dict[Annotated[str, Strict(), Field(max_length=64)], ServerArg],
+    Field(max_length=64),
+    AfterValidator(_allowed_only),
+    WithJsonSchema(server_args_json_schema()),
 ]
 Share = Annotated[Number, Field(ge=0)]
 # Whole numbers within their own bounds (a bound on an alias of Count would not reach
@@ -90,11 +72,12 @@ PositiveCount = Annotated[
 ThreadCount = Annotated[int, Strict(), Field(ge=1, le=4096), BeforeValidator(json_integer)]
 GpuLayers = Annotated[int, Strict(), Field(ge=-1, le=100_000), BeforeValidator(json_integer)]
 GpuIndex = Annotated[int, Strict(), Field(ge=0, le=1024), BeforeValidator(json_integer)]
+LoraScale = Annotated[Number, Field(ge=-10, le=10)]
 
 
-class LlamaSettings(WireModel):
-    """The structured llama-server settings (a RuntimeProfile's content, and every
-    configured model's), and the typed escape hatch for the rest."""
+class LlamaTuning(WireModel):
+    """The structured llama-server settings, shared by a RuntimeProfile and every model
+    the node's own config serves."""
 
     ctx_size: Count | None = None
     batch_size: PositiveCount | None = None
@@ -106,7 +89,29 @@ class LlamaSettings(WireModel):
     main_gpu: GpuIndex | None = None
     tensor_split: Annotated[list[Share], Field(min_length=1, max_length=64)] | None = None
     flash_attn: Flag | None = None
-    server_args: ServerArgs = Field(default_factory=dict)
+
+
+class ArtifactRef(WireModel):
+    """An artifact file in the node's inventory (recorded by a completed artifact job)."""
+
+    repository: Repository
+    commit: CommitId
+    path: FilePath
+
+
+class LoraRef(WireModel):
+    artifact: ArtifactRef
+    scale: LoraScale = 1.0
+
+
+class LlamaSettings(LlamaTuning):
+    """A RuntimeProfile's content: the structured settings, the allow-listed flags, and
+    the files a profile may add, as artifacts (resolved on the node to verified files,
+    never a path from the control plane)."""
+
+    server_args: ProfileServerArgs = Field(default_factory=dict)
+    draft_model: ArtifactRef | None = None
+    loras: Annotated[list[LoraRef], Field(max_length=8)] = Field(default_factory=list)
 
 
 # Profiles and environments -----------------------------------------------------------
@@ -125,11 +130,16 @@ class ProfileCreate(WireModel):
     settings: LlamaSettings
 
 
+# A profile's settings as stored, read back without the allow-list: a profile stored
+# before a flag was refused must still list (probes with it are refused, 422).
+StoredSettings = dict[str, Any]
+
+
 class RuntimeProfileView(WireModel):
     id: uuid.UUID
     name: str
     version: int
-    settings: LlamaSettings
+    settings: StoredSettings
     created_at: datetime
 
 
@@ -169,6 +179,8 @@ class RuntimeFailure(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     INFERENCE_FAILED = "inference_failed"
     UNSUPPORTED_BACKEND = "unsupported_backend"
+    # The profile carries what the node's allow-list refuses: nothing was started.
+    PROFILE_REFUSED = "profile_refused"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
 
@@ -177,14 +189,6 @@ class RuntimeFailure(StrEnum):
 PROBE_PROMPT: Final = "Reply with the single word: ready."
 PROBE_MAX_TOKENS: Final = 8
 DeviceId = Annotated[str, Strict(), Field(pattern=r"^(cpu|gpu:[0-9]{1,4})$")]
-
-
-class ArtifactRef(WireModel):
-    """An artifact file in the node's inventory (recorded by a completed artifact job)."""
-
-    repository: Repository
-    commit: CommitId
-    path: FilePath
 
 
 PROBE_KIND: Final = "runtime.probe.v1"
@@ -235,14 +239,31 @@ RuntimeJobCreate = Annotated[
 ]
 
 
+class VerifiedFile(WireModel):
+    """A file on the node, resolved from an artifact reference: its absolute path in the
+    node's artifact root and the digest the node checks before using it."""
+
+    path: str
+    sha256: Sha256Hex
+
+
+class ResolvedLora(VerifiedFile):
+    scale: float = 1.0
+
+
 class ProbeSpec(WireModel):
-    """What a runtime.probe.v1 lease carries: exact values only."""
+    """What a runtime.probe.v1 lease carries: exact values only. The runtime worker
+    checks `settings` against the allow-list again before it builds argv (the node does
+    not trust that the control plane did), and refuses the lease otherwise."""
 
     artifact_path: str
     artifact_digest: Sha256Hex
     profile_id: uuid.UUID
     profile_version: int
-    settings: LlamaSettings
+    settings: StoredSettings
+    # The profile's draft model and LoRAs, resolved on this node.
+    draft_model: VerifiedFile | None = None
+    loras: list[ResolvedLora] = Field(default_factory=list)
     environment_id: uuid.UUID
     binary_sha256: str
     device_id: str | None = None

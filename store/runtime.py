@@ -9,6 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, literal, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -18,6 +19,7 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType, RuntimeProfileCreated
 from schemas.jobs import JobKind
 from schemas.runtime import (
+    ArtifactRef,
     DeviceJobCreate,
     DeviceSpec,
     EnvironmentReport,
@@ -26,7 +28,9 @@ from schemas.runtime import (
     ProbeComplete,
     ProbeCreate,
     ProbeSpec,
+    ResolvedLora,
     UnloadComplete,
+    VerifiedFile,
 )
 from schemas.runtime_local import RuntimeReport
 from store import changes, leases, nodes
@@ -132,11 +136,10 @@ async def node_runtime(session: AsyncSession, node_id: uuid.UUID) -> dict[str, A
 
 
 async def _artifact_file(
-    session: AsyncSession, node_id: uuid.UUID, request: ProbeCreate
-) -> tuple[str, str]:
-    """(absolute path on the node, sha256) of the artifact file, from the node's
+    session: AsyncSession, node_id: uuid.UUID, ref: ArtifactRef
+) -> VerifiedFile:
+    """The artifact file's absolute path on the node and its sha256, from the node's
     artifact inventory; 422 when the node has no such verified file."""
-    ref = request.artifact
     rows = (
         await session.execute(
             select(NodeArtifact).where(
@@ -151,12 +154,26 @@ async def _artifact_file(
             digest = entry.get("digest") or {}
             if entry.get("path") == ref.path and digest.get("algorithm") == DigestAlgorithm.SHA256:
                 path = f"{artifact.root}/{artifact.repository}/{artifact.commit}/{ref.path}"
-                return path, str(digest["value"])
+                return VerifiedFile(path=path, sha256=str(digest["value"]))
     raise Invalid(
-        "the node has no verified copy of that artifact file with a sha256 digest"
-        " (acquire it with an artifact job first)",
+        f"the node has no verified copy of {ref.repository}@{ref.commit}:{ref.path} with a"
+        " sha256 digest (acquire it with an artifact job first)",
         code=ErrorCode.ARTIFACT_NOT_ON_NODE,
     )
+
+
+def _admitted(profile: RuntimeProfile) -> LlamaSettings:
+    """The profile's settings under today's allow-list: a profile stored before one of
+    its flags was refused is refused for new probes (422, naming the flags)."""
+    try:
+        return LlamaSettings.model_validate(profile.settings)
+    except ValidationError as exc:
+        flags = [f for e in exc.errors() for f in (e.get("ctx") or {}).get("flags", [])]
+        raise Invalid(
+            f"runtime profile {profile.name} v{profile.version} is refused by the allow-list",
+            code=ErrorCode.SERVER_FLAG_REFUSED,
+            extra={"flags": flags},
+        ) from None
 
 
 async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: str) -> Job:
@@ -175,13 +192,23 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
             "the node's runtime worker does not report that environment's binary",
             code=ErrorCode.ENVIRONMENT_NOT_ON_NODE,
         )
-    path, digest = await _artifact_file(session, node.id, request)
+    settings = _admitted(profile)
+    model = await _artifact_file(session, node.id, request.artifact)
+    draft = settings.draft_model
     spec = ProbeSpec(
-        artifact_path=path,
-        artifact_digest=digest,
+        artifact_path=model.path,
+        artifact_digest=model.sha256,
         profile_id=profile.id,
         profile_version=profile.version,
-        settings=LlamaSettings.model_validate(profile.settings),
+        settings=settings.model_dump(mode="json"),
+        draft_model=await _artifact_file(session, node.id, draft) if draft else None,
+        loras=[
+            ResolvedLora(
+                **(await _artifact_file(session, node.id, lora.artifact)).model_dump(),
+                scale=lora.scale,
+            )
+            for lora in settings.loras
+        ],
         environment_id=environment.id,
         binary_sha256=environment.binary_sha256,
         device_id=request.device_id,

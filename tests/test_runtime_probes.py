@@ -75,7 +75,8 @@ def test_a_profile_change_is_a_new_version_and_the_old_one_stays(runtime_api: Ru
             json={"name": "x", "settings": {"server_args": {"host": "0.0.0.0"}}},  # noqa: S104
             headers=api.admin_headers,
         )
-        refused(bad, 422, "validation_failed")
+        refused(bad, 422, "server_flag_refused")
+        assert bad.json()["extra"]["flags"] == ["host"]
 
 
 async def test_concurrent_versions_of_one_profile_are_distinct_and_gapless(

@@ -4,22 +4,25 @@ deep-merged override, then `MODELFORGE_RUNTIME_*` variables).
     modelforge runtime --config runtime.example.yaml --config-override runtime.local.yaml
 
 Models carry the common llama-server settings as typed fields (schemas/runtime.py:
-LlamaSettings, the same as a RuntimeProfile's); `server_args` is the escape hatch for
-the rest, a mapping of flag name to a typed scalar turned into argv elements (never a
-shell string). Flags the worker manages itself (where the server listens, which model
-it loads) cannot be set there.
+LlamaTuning, as a RuntimeProfile does); `server_args` is the node operator's escape
+hatch for the rest, a mapping of flag name to a typed scalar turned into argv elements
+(never a shell string). It is wider than a profile's allow-list (the node's own operator
+may name a file), but flags the worker manages itself (where the server listens, which
+model it loads) and the tool, agent, MCP and web-UI families are refused there too
+(schemas/llama_flags.py: LOCAL_REFUSED).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, Strict, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from agent.config import YamlSettings, load_settings
-from schemas.runtime import LlamaSettings
+from schemas.llama_flags import local_refusals
+from schemas.runtime import LlamaTuning, ServerArg
 
 ENV_PREFIX = "MODELFORGE_RUNTIME_"
 Backend = Literal["cpu", "cuda", "metal", "rocm", "sycl", "vulkan"]
@@ -29,18 +32,44 @@ def _cpu_only() -> list[Backend]:
     return ["cpu"]
 
 
-class ModelSpec(LlamaSettings):
-    """A configured model: what it is called and where its file is, and its settings."""
+def _locally_allowed(server_args: dict[str, ServerArg]) -> dict[str, ServerArg]:
+    refusals = local_refusals(server_args)
+    if refusals:
+        raise ValueError("server_args: " + "; ".join(r.reason for r in refusals))
+    return server_args
+
+
+# Long names, and llama.cpp's capitalised short ones (-C, -Cr).
+LOCAL_FLAG_PATTERN = r"^([a-z][a-z0-9.+-]*|[A-Z][a-z]{0,2})$"
+LocalServerArgs = Annotated[
+    dict[Annotated[str, Strict(), Field(max_length=64, pattern=LOCAL_FLAG_PATTERN)], ServerArg],
+    Field(max_length=64),
+    AfterValidator(_locally_allowed),
+]
+
+
+class LoraFile(BaseModel):
+    path: Path
+    scale: float = 1.0
+
+
+class ModelSpec(LlamaTuning):
+    """A configured model: what it is called and where its file is, and its settings.
+    A probe's model is one too, built from a profile the allow-list admitted, with its
+    draft model and LoRAs resolved to verified files."""
 
     model_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
     path: Path
     roles: list[str] = Field(default_factory=list, max_length=32)
     alias: str | None = Field(default=None, min_length=1, max_length=128)
+    server_args: LocalServerArgs = Field(default_factory=dict)
+    draft_model: Path | None = None
+    loras: list[LoraFile] = Field(default_factory=list, max_length=8)
 
-    @field_validator("path")
+    @field_validator("path", "draft_model")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        if not value.is_absolute():
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
             raise ValueError("a model's path must be absolute")
         return value
 

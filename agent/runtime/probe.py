@@ -19,18 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
-from agent.runtime.config import ModelSpec
+from agent.runtime.config import LoraFile, ModelSpec
 from agent.runtime.devices import DeviceSlot
 from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
 from agent.runtime.server import LlamaServer, ServerFailed
 from agent.runtime.worker import RuntimeWorker
 from schemas.runtime import (
+    LlamaSettings,
+    LlamaTuning,
     ProbeClaim,
     ProbeComplete,
     ProbeEvidence,
     ProbeHealth,
+    ProbeSpec,
     RuntimeFailure,
+    VerifiedFile,
 )
 
 logger = logging.getLogger("modelforge.runtime.probe")
@@ -42,6 +47,22 @@ def sha256_of(path: Path) -> str:
         while block := handle.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
+    """The lease's profile under this node's allow-list (schemas/llama_flags.py), checked
+    before anything is verified or started: whatever the control plane let through, a
+    flag the table does not admit never reaches argv."""
+    try:
+        settings = LlamaSettings.model_validate(spec.settings)
+    except ValidationError as exc:
+        reasons = "; ".join(str(error["msg"]) for error in exc.errors())
+        raise Failed(RuntimeFailure.PROFILE_REFUSED, reasons) from None
+    # llama.cpp splits --lora-scaled at commas and colons.
+    for lora in spec.loras:
+        if any(mark in lora.path for mark in ',:"\n'):
+            raise Failed(RuntimeFailure.PROFILE_REFUSED, "a LoRA path llama.cpp cannot take")
+    return settings
 
 
 def peak_rss_bytes(pid: int | None) -> int | None:
@@ -68,13 +89,17 @@ class ProbeRun(LeasedRun):
         return await self._probe()
 
     async def _probe(self) -> ProbeComplete:
+        settings = admitted_settings(self.spec)
         artifact = Path(self.spec.artifact_path)
         await asyncio.to_thread(self._verify, self.worker.config.llama_server_path, artifact)
         self._check()
         model = ModelSpec(
             model_id=f"probe-{self.spec.artifact_digest[:12]}-{self.spec.profile_id.hex[:8]}",
             path=artifact,
-            **self.spec.settings.model_dump(),
+            server_args=settings.server_args,
+            draft_model=self.spec.draft_model.path if self.spec.draft_model else None,
+            loras=[LoraFile(path=lora.path, scale=lora.scale) for lora in self.spec.loras],
+            **settings.model_dump(include=set(LlamaTuning.model_fields)),
         )
         slot = (
             self.worker.slot(self.spec.device_id)
@@ -113,10 +138,15 @@ class ProbeRun(LeasedRun):
             raise Failed(
                 RuntimeFailure.BINARY_DIGEST_MISMATCH, "the binary is not the environment's"
             )
-        if not artifact.is_file():
-            raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{artifact} does not exist")
-        if sha256_of(artifact) != self.spec.artifact_digest:
-            raise Failed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{artifact}: digest differs")
+        files = [VerifiedFile(path=str(artifact), sha256=self.spec.artifact_digest)]
+        files += [self.spec.draft_model] if self.spec.draft_model else []
+        files += self.spec.loras
+        for file in files:
+            path = Path(file.path)
+            if not path.is_file():
+                raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} does not exist")
+            if sha256_of(path) != file.sha256:
+                raise Failed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs")
 
     async def _infer(self, server: LlamaServer) -> tuple[ProbeHealth, dict[str, float]]:
         layers = await server.health()

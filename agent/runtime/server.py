@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ import psutil
 from agent.processes import start_process, stop_process
 from agent.runtime.backends import DeviceRef
 from agent.runtime.config import ModelSpec
+from schemas.llama_flags import local_refusals
 
 logger = logging.getLogger("modelforge.runtime.server")
 
@@ -91,12 +93,33 @@ def server_argv(binary: Path, model: ModelSpec, port: int) -> list[str]:
         argv += ["--tensor-split", ",".join(f"{share:g}" for share in model.tensor_split)]
     if model.flash_attn is not None:
         argv += ["--flash-attn", "on" if model.flash_attn else "off"]
+    if model.draft_model is not None:
+        argv += ["--model-draft", str(model.draft_model)]
+    for lora in model.loras:
+        argv += ["--lora-scaled", f"{lora.path}:{lora.scale:g}"]
+    # Checked again here, whatever built the spec: the node's own refusals hold for
+    # every argv this worker starts (a probe's settings passed the allow-list too).
+    if refusals := local_refusals(model.server_args):
+        raise ServerFailed("profile_refused", "; ".join(r.reason for r in refusals))
     for name, arg in model.server_args.items():
         if arg is True:
             argv.append(f"--{name}")
         elif arg is not False:
             argv += [f"--{name}", str(arg)]
     return argv
+
+
+def child_environment(inherited: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment for llama-server, less what would reach around argv:
+    llama.cpp reads every flag from a `LLAMA_ARG_*` variable too (`--tools` from
+    LLAMA_ARG_TOOLS), and more of its own (LLAMA_API_KEY, LLAMA_APP_CMD, HF_TOKEN,
+    MTMD_*); the device pinning is the backend's (CUDA_*)."""
+    return {
+        key: value for key, value in inherited.items() if not key.upper().startswith(_NOT_INHERITED)
+    }
+
+
+_NOT_INHERITED = ("CUDA_", "LLAMA", "HF_", "MTMD_", "LLGUIDANCE")
 
 
 def free_port() -> int:
@@ -163,7 +186,7 @@ class LlamaServer:
             raise ServerFailed("binary_missing", f"{self.binary} is not an executable file")
         if not self.model.path.is_file():
             raise ServerFailed("artifact_missing", f"{self.model.path} is not a file")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        env = child_environment(os.environ)
         env.update(self._environment)
         argv = server_argv(self.binary, self.model, self.port)
         self.log_path.write_bytes(b"")  # this start's log only

@@ -26,7 +26,6 @@ from schemas.protocol import (
 from schemas.runtime import (
     EvidenceList,
     EvidenceView,
-    LlamaSettings,
     ProbeCreate,
     ProbeEvidence,
     ProbeFailureView,
@@ -54,7 +53,7 @@ def profile_view(profile: RuntimeProfile) -> RuntimeProfileView:
         id=profile.id,
         name=profile.name,
         version=profile.version,
-        settings=LlamaSettings.model_validate(profile.settings),
+        settings=profile.settings,
         created_at=profile.created_at,
     )
 

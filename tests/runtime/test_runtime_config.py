@@ -39,12 +39,21 @@ def test_every_structured_field_becomes_its_flag() -> None:
 
 
 def test_server_args_are_typed_values_each_one_argv_element() -> None:
-    model = spec(server_args={"parallel": 1, "cont-batching": True, "mlock": False,
+    model = spec(server_args={"parallel": 1, "cont-batching": True, "no-warmup": False,
                               "temp": 0.5, "chat-template": "chatml; rm -rf /"})  # fmt: skip
     argv = server_argv(BINARY, model, 1)
     tail = argv[argv.index("--alias") + 2 :]
     assert tail == ["--parallel", "1", "--cont-batching", "--temp", "0.5",
                     "--chat-template", "chatml; rm -rf /"]  # fmt: skip
+
+
+def test_a_draft_model_and_loras_become_their_flags() -> None:
+    loras = [{"path": "/models/a.gguf"}, {"path": "/models/b.gguf", "scale": 0.5}]
+    model = spec(draft_model="/models/draft.gguf", loras=loras)
+    argv = server_argv(BINARY, model, 1)
+    tail = argv[argv.index("--alias") + 2 :]
+    assert tail == ["--model-draft", "/models/draft.gguf", "--lora-scaled", "/models/a.gguf:1",
+                    "--lora-scaled", "/models/b.gguf:0.5"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -53,9 +62,15 @@ def test_server_args_are_typed_values_each_one_argv_element() -> None:
         {"host": ALL_INTERFACES},
         {"port": 80},
         {"model": "/etc/passwd"},
-        {"hf-repo": "someone/else"},
-        {"api-key": "x"},
+        {"api-prefix": "/x"},
         {"ctx-size": 4},  # a structured field's flag: set it as the field
+        {"tools": "all"},
+        {"agent": True},
+        {"ag": True},
+        {"mcp-servers-json": "{}"},
+        {"mcp-servers-config": "/tmp/mcp.json"},
+        {"webui": True},
+        {"ui-mcp-proxy": True},
         {"--parallel": 1},
         {"Parallel": 1},
         {"parallel": [1, 2]},
@@ -63,9 +78,14 @@ def test_server_args_are_typed_values_each_one_argv_element() -> None:
         {"chat-template": "a\nb"},
     ],
 )
-def test_server_args_cannot_take_what_the_worker_manages(server_args: object) -> None:
+def test_the_local_escape_hatch_refuses_managed_and_tool_flags(server_args: object) -> None:
     with pytest.raises(ValueError, match="server_args"):
         spec(server_args=server_args)
+
+
+def test_the_local_escape_hatch_keeps_the_node_operators_own_files() -> None:
+    model = spec(server_args={"log-file": "/var/log/llama.log", "slot-save-path": "/srv/slots"})
+    assert model.server_args["log-file"] == "/var/log/llama.log"
 
 
 def test_a_relative_model_path_is_refused() -> None:
