@@ -51,6 +51,13 @@ class Conflict(ApiError):
     default_code = ErrorCode.STATE_CONFLICT
 
 
+class BadGateway(ApiError):
+    """502: a service we called answered something we do not read (schemas/bounded.py)."""
+
+    status_code = 502
+    default_code = ErrorCode.SOURCE_INVALID
+
+
 class ServiceUnavailable(ApiError):
     """503: a dependency (NATS for dead letters) cannot be reached right now."""
 

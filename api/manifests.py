@@ -7,21 +7,27 @@ commit and each file's size and digest, from the source's Hub-layout API:
   `size`.
 
 Only the exact values are stored on the job; the node verifies whichever digest kind it
-holds. The operator's mistakes (no such repository, revision or matching file) are 422;
-a source that cannot be reached is 503.
+holds. Every answer goes through the bounded reader (schemas/bounded.py: size, depth,
+schemas/hub.py), so a hostile or broken source costs bounded memory and time.
+
+* The operator's mistakes (no such repository, revision or matching file) are 422.
+* A selected file the job cannot hold (its path, size or digest does not fit the wire)
+  refuses the create with 422 naming the files: a job never silently leaves one out.
+* A source that answers what we do not read is 502; one that cannot be reached is 503.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
-from typing import Any
+import re
+from typing import Final, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from api.errors import ApiError, ServiceUnavailable
+from api.errors import ApiError, BadGateway, ServiceUnavailable
 from schemas.artifacts import (
     MAX_FILES,
     ArtifactFile,
@@ -31,7 +37,16 @@ from schemas.artifacts import (
     ManifestRequest,
     Sha256Digest,
 )
+from schemas.bounded import Unreadable, read_json
 from schemas.errors import ErrorCode
+from schemas.hub import MAX_ANSWER_BYTES, REVISION, TREE, TreeEntry
+
+T = TypeVar("T")
+
+# A refusal names at most this many files, each cut to this many characters.
+NAMED_FILES: Final = 20
+NAME_CHARS: Final = 300
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 logger = logging.getLogger("modelforge.api.manifests")
 
@@ -50,64 +65,82 @@ class ManifestResolver:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _get(self, path: str, what: str, **params: str) -> Any:
+    async def _get(self, path: str, what: str, schema: TypeAdapter[T], **params: str) -> T:
         url = f"{self._endpoint}{path}"
         try:
-            response = await self._http.get(url, params=params or None)
+            async with self._http.stream("GET", url, params=params or None) as response:
+                _check(response.status_code, what)
+                return await read_json(
+                    response.aiter_bytes(),
+                    schema,
+                    max_bytes=MAX_ANSWER_BYTES,
+                    declared=response.headers.get("content-length"),
+                )
         except httpx.HTTPError as exc:
             logger.warning("artifact source unreachable (%s)", type(exc).__name__)
             raise ServiceUnavailable(
                 "the artifact source cannot be reached; retry shortly",
                 code=ErrorCode.SOURCE_UNAVAILABLE,
             ) from None
-        if response.status_code in (401, 403):
-            raise Unresolvable(
-                f"the artifact source refused access to the {what}",
-                extra={"source_status": response.status_code},
-            )
-        if response.status_code == 404:
-            raise Unresolvable(f"the artifact source has no such {what}")
-        if response.status_code != 200:
-            raise ServiceUnavailable(
-                f"the artifact source answered {response.status_code}",
-                code=ErrorCode.SOURCE_UNAVAILABLE,
-            )
-        try:
-            return response.json()
-        except ValueError:
-            raise ServiceUnavailable(
-                "the artifact source answered something that is not JSON",
-                code=ErrorCode.SOURCE_UNAVAILABLE,
+        except Unreadable as exc:
+            logger.warning("artifact source's %s answer refused: %s", what, exc.reason)
+            raise BadGateway(
+                f"the artifact source's {what} answer cannot be read: {exc.reason}"
             ) from None
 
     async def resolve(self, request: ManifestRequest) -> ArtifactManifest:
         repo = quote(request.repository, safe="/")
         revision = await self._get(
-            f"/api/models/{repo}/revision/{quote(request.revision, safe='')}", "revision"
+            f"/api/models/{repo}/revision/{quote(request.revision, safe='')}", "revision", REVISION
         )
-        commit = revision.get("sha") if isinstance(revision, dict) else None
-        tree = await self._get(
-            f"/api/models/{repo}/tree/{quote(str(commit), safe='')}", "tree", recursive="true"
-        )
-        if not isinstance(tree, list):
-            raise Unresolvable("the artifact source's file tree is not a list")
-        files = [
+        commit = revision.sha
+        if not _COMMIT.match(commit):
+            raise BadGateway("the artifact source answered a revision that is not a commit id")
+        tree = await self._get(f"/api/models/{repo}/tree/{commit}", "tree", TREE, recursive="true")
+        selected = [
             entry
-            for entry in (_file(item) for item in tree)
-            if entry is not None and _selected(entry.path, request.patterns)
+            for entry in tree
+            if entry.type == "file" and _selected(entry.path, request.patterns)
         ]
-        if not files:
+        if not selected:
             raise Unresolvable("no file of that revision matches the patterns")
-        if len(files) > MAX_FILES:
+        if len(selected) > MAX_FILES:
             raise Unresolvable(f"more than {MAX_FILES} files match the patterns")
+        files: list[ArtifactFile] = []
+        unfit: list[str] = []
+        for entry in selected:
+            file = _file(entry)
+            if file is None:
+                unfit.append(entry.path)
+            else:
+                files.append(file)
+        if unfit:
+            raise Unresolvable(
+                f"{len(unfit)} selected file(s) cannot be part of a job (a path that is not a"
+                " safe relative path, or a size or digest out of range); narrow the patterns",
+                extra={"files": [name[:NAME_CHARS] for name in sorted(unfit)[:NAMED_FILES]]},
+            )
         try:
             return ArtifactManifest(
                 repository=request.repository, commit=commit, files=sorted(files, key=_path)
             )
-        except ValidationError:
-            raise Unresolvable(
-                "the artifact source answered a commit or file list ModelForge cannot store"
+        except ValidationError:  # e.g. a path listed twice
+            raise BadGateway(
+                "the artifact source answered a file list with repeated paths"
             ) from None
+
+
+def _check(status: int, what: str) -> None:
+    if status in (401, 403):
+        raise Unresolvable(
+            f"the artifact source refused access to the {what}", extra={"source_status": status}
+        )
+    if status == 404:
+        raise Unresolvable(f"the artifact source has no such {what}")
+    if status != 200:
+        raise ServiceUnavailable(
+            f"the artifact source answered {status}", code=ErrorCode.SOURCE_UNAVAILABLE
+        )
 
 
 def _path(entry: ArtifactFile) -> str:
@@ -118,21 +151,20 @@ def _selected(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
-def _file(item: object) -> ArtifactFile | None:
-    """A tree entry as a file with its digest; None for directories and for anything
-    malformed (its path or digest would not validate: it is never selected)."""
-    if not isinstance(item, dict) or item.get("type") != "file":
-        return None
-    lfs = item.get("lfs")
+def _file(entry: TreeEntry) -> ArtifactFile | None:
+    """A selected tree entry as a file with its digest; None when the job could not hold
+    it (the caller names it in the refusal)."""
     try:
-        if isinstance(lfs, dict):
+        if entry.lfs is not None:
             digest: Sha256Digest | GitBlobDigest = Sha256Digest(
-                algorithm=DigestAlgorithm.SHA256, value=str(lfs.get("oid"))
+                algorithm=DigestAlgorithm.SHA256, value=entry.lfs.oid
             )
-            size = lfs.get("size")
+            size: int | None = entry.lfs.size
         else:
-            digest = GitBlobDigest(algorithm=DigestAlgorithm.GIT_SHA1, value=str(item.get("oid")))
-            size = item.get("size")
-        return ArtifactFile(path=item.get("path"), size=size, digest=digest)
+            digest = GitBlobDigest(algorithm=DigestAlgorithm.GIT_SHA1, value=str(entry.oid))
+            size = entry.size
+        if size is None:
+            return None
+        return ArtifactFile(path=entry.path, size=size, digest=digest)
     except ValidationError:
         return None

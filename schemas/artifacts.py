@@ -7,8 +7,9 @@ command, no free-form field. The node fetches `{endpoint}/{repository}/resolve/{
 {path}` from the source it is configured with (the Hugging Face Hub layout) and
 verifies each file against the digest the job holds.
 
-Paths are deliberately narrow (schemas/base.py: FilePath, RootPath); the node checks
-again on its side (symlinks, the real root).
+A file's path is any safe relative path (schemas/base.py: FilePath; spaces, non-ASCII
+letters, `~`, parentheses included), a root a narrow absolute one (RootPath); the node
+checks again on its side (symlinks, the real root).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ REPOSITORY_PATTERN: Final = (
 COMMIT_PATTERN: Final = r"^[0-9a-f]{40}$"
 # A branch, a tag or a commit: `/`-separated segments, none starting with `.` or `-`.
 REVISION_PATTERN: Final = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
-# fnmatch-style selection of a repository's files.
-FILE_GLOB_PATTERN: Final = r"^[A-Za-z0-9_.+=@*?\[\]/-]{1,255}$"
+# fnmatch-style selection of a repository's files: any character a file path may hold
+# (schemas/base.py: FILE_PATH_PATTERN), and `*`, `?`, `[...]`.
+FILE_GLOB_PATTERN: Final = r"^[^\\\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]{1,255}$"
 
 Repository = Annotated[str, Strict(), Field(max_length=193, pattern=REPOSITORY_PATTERN)]
 CommitId = Annotated[str, Strict(), Field(pattern=COMMIT_PATTERN)]

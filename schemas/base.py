@@ -32,13 +32,25 @@ SAFE_INT_MAX: Final = 2**53 - 1
 # overflowing. The JSON Schema carries the same rule as a pattern, so a client's
 # validator and ours agree on every string.
 TIMESTAMP_PATTERN: Final = r"^(?!0001-01-01|9999-12-31)\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}"
-# A path segment that is not `.` or `..` (spelled out: the validator's regex engine has
-# no look-ahead): it starts with a non-dot, or one dot and a non-dot, or two dots and
-# anything more.
+# A root's path segment that is not `.` or `..` (spelled out: the validator's regex
+# engine has no look-ahead): it starts with a non-dot, or one dot and a non-dot, or two
+# dots and anything more.
 _CHAR: Final = r"[A-Za-z0-9_.+=@-]"
 _NON_DOT: Final = r"[A-Za-z0-9_+=@-]"
 _SEGMENT: Final = rf"(?:{_NON_DOT}{_CHAR}*|\.{_NON_DOT}{_CHAR}*|\.\.{_CHAR}+)"
-FILE_PATH_PATTERN: Final = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
+# A file's path segment: any name the Hub accepts that is safe on a POSIX filesystem and
+# in a log line: spaces, non-ASCII letters, `~`, parentheses are fine; `/` only between
+# segments, and no backslash (a separator elsewhere), no control character (C0, DEL,
+# C1), no line separator and no bidirectional override (a name could disguise itself).
+_UNSAFE: Final = r"/\\\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_FILE_CHAR: Final = rf"[^{_UNSAFE}]"
+_FILE_NON_DOT: Final = rf"[^.{_UNSAFE}]"
+_FILE_SEGMENT: Final = (
+    rf"(?:{_FILE_NON_DOT}{_FILE_CHAR}*|\.{_FILE_NON_DOT}{_FILE_CHAR}*|\.\.{_FILE_CHAR}+)"
+)
+FILE_PATH_PATTERN: Final = rf"^{_FILE_SEGMENT}(?:/{_FILE_SEGMENT})*$"
+# What most filesystems hold in one name (NAME_MAX), in bytes.
+MAX_SEGMENT_BYTES: Final = 255
 # An absolute, normalised directory: no `.` or `..` segment, no `//`, no trailing `/`.
 ROOT_PATTERN: Final = rf"^(?:/{_SEGMENT})+$"
 
@@ -76,10 +88,24 @@ Labels = Annotated[
     ),
 ]
 
-# Paths (artifact files and the roots they go into): relative, `/`-separated, segments
-# from a conservative character set and never `.` or `..`; a root is absolute and
-# normalised. Receivers check again on their side (symlinks, the real root).
-FilePath = Annotated[str, Strict(), Field(max_length=1024, pattern=FILE_PATH_PATTERN)]
+# Paths (artifact files and the roots they go into): a file's is relative and
+# `/`-separated, its segments never `.` or `..` and each at most MAX_SEGMENT_BYTES in
+# UTF-8; a root is absolute, normalised, from a conservative character set. Receivers
+# check again on their side (symlinks, the real root).
+
+
+def _segments_fit(path: str) -> str:
+    if any(len(part.encode()) > MAX_SEGMENT_BYTES for part in path.split("/")):
+        raise ValueError(f"a path segment is longer than {MAX_SEGMENT_BYTES} bytes (UTF-8)")
+    return path
+
+
+FilePath = Annotated[
+    str,
+    Strict(),
+    Field(max_length=1024, pattern=FILE_PATH_PATTERN),
+    AfterValidator(_segments_fit),
+]
 RootPath = Annotated[str, Strict(), Field(max_length=1024, pattern=ROOT_PATTERN)]
 
 # Numbers --------------------------------------------------------------------------------

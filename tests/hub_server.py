@@ -50,6 +50,8 @@ class HubState:
     stall_after: dict[str, int] = field(default_factory=dict)
     # Serve this content instead of the file's own (a source that changed underneath).
     corrupt: dict[str, bytes] = field(default_factory=dict)
+    # Answer these bytes (as JSON) to a request for this API path: a hostile source.
+    raw_answers: dict[str, bytes] = field(default_factory=dict)
     released: threading.Event = field(default_factory=threading.Event)
 
     def add(self, repository: str, revision: str, commit: str, files: dict[str, bytes]) -> None:
@@ -109,6 +111,10 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
             state.requests.append(path)
             if state.token and self.headers.get("Authorization") != f"Bearer {state.token}":
                 self._json(401, {"error": "unauthorized"})
+                return
+            if path in state.raw_answers:
+                body = state.raw_answers[path]
+                self._send(200, body, {"Content-Type": "application/json"})
                 return
             if found := _REVISION.match(path):
                 repo = state.repos.get(found.group(1))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from tests.admin_helpers import ok, refused
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content, create_job, node_with_roots
@@ -101,3 +103,98 @@ def test_an_unreachable_source_is_503(api_factory: ApiFactory, hub: HubServer) -
         refused(
             create_job(client, api, node, manifest=None, resolve=resolve), 503, "source_unavailable"
         )
+
+
+ODD_BUT_SAFE = {
+    "my model (1).gguf": content("parens", 3000),
+    "ünïcödé~/weights v2.gguf": content("unicode", 2000),
+    "日本語.json": content("cjk", 50),
+    "~backup.json": content("tilde", 60),
+}
+
+
+def test_every_safe_name_the_hub_accepts_is_kept(api_factory: ApiFactory, hub: HubServer) -> None:
+    """Spaces, non-ASCII letters, `~`, parentheses: part of the manifest, never dropped."""
+    hub.state.add(REPO, "main", COMMIT, FILES | ODD_BUT_SAFE)
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "patterns": ["*.gguf", "*.json", "my model (*"]}
+        job = ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)
+    paths = [f["path"] for f in job["spec"]["files"]]
+    assert paths == sorted(
+        ["config.json", "model-q4.gguf", "model-q8.gguf", *ODD_BUT_SAFE], key=str
+    ), paths
+
+
+def test_a_selected_file_the_job_cannot_hold_refuses_the_create_by_name(
+    api_factory: ApiFactory, hub: HubServer
+) -> None:
+    unsafe = {
+        "back\\slash.gguf": content("backslash", 10),
+        "bell\x07.gguf": content("control", 10),
+        "evil\u202egguf.exe.gguf": content("bidi", 10),
+        # 265 bytes in UTF-8: more than a filesystem name holds.
+        "é" * 130 + ".gguf": content("long", 10),
+    }
+    hub.state.add(REPO, "main", COMMIT, FILES | unsafe)
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "patterns": ["*.gguf"]}
+        answer = create_job(client, api, node, manifest=None, resolve=resolve)
+        body = refused(answer, 422, "manifest_unresolved")
+        assert body["extra"]["files"] == sorted(unsafe), body
+        assert "4 selected file(s)" in body["message"]
+        # Patterns that leave them out resolve as before.
+        resolve["patterns"] = ["model-*.gguf"]
+        ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper"),
+        (b'{"sha": "' + b"f" * (17 << 20) + b'"}', "larger than"),
+        (b"<html>rate limited</html>", "not JSON"),
+        (b'{"commit": "fedcba9876543210fedcba9876543210fedcba98"}', "sha"),
+    ],
+    ids=["deep", "oversized", "not-json", "wrong-shape"],
+)
+def test_a_hostile_revision_answer_is_a_typed_502(
+    api_factory: ApiFactory, hub: HubServer, answer: bytes, reason: str
+) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.raw_answers[f"/api/models/{REPO}/revision/main"] = answer
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "patterns": ["*.gguf"]}
+        body = refused(
+            create_job(client, api, node, manifest=None, resolve=resolve), 502, "source_invalid"
+        )
+    assert reason in body["message"]
+
+
+def test_a_hostile_tree_answer_is_a_typed_502(api_factory: ApiFactory, hub: HubServer) -> None:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    tree = f"/api/models/{REPO}/tree/{COMMIT}"
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "patterns": ["*.gguf"]}
+        for answer, reason in [
+            (b'[{"type": "file", "path": "a", "lfs": ' * 5000 + b"1" + b"}]" * 5000, "nests"),
+            (b'{"not": "a list"}', "tree"),
+            (b'[{"type": "file", "path": ["a"]}]', "0.path"),
+        ]:
+            hub.state.raw_answers[tree] = answer
+            body = refused(
+                create_job(client, api, node, manifest=None, resolve=resolve),
+                502,
+                "source_invalid",
+            )
+            assert reason in body["message"], body
+        # The API is still well: the source answers properly again, the job is created.
+        del hub.state.raw_answers[tree]
+        ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)

@@ -4,8 +4,11 @@ The control plane already refuses paths outside its narrow pattern; the node che
 again against its own filesystem, because only the node can see symlinks:
 
 * the root must be one of the agent's configured `artifact_roots`;
-* a file path is relative, `/`-separated, with no empty, `.` or `..` segment and no
-  NUL, and it must land inside `{root}/{repository}/{commit}/`;
+* a file path is relative, `/`-separated, with no empty, `.` or `..` segment, no
+  backslash and no control character, each segment a name the filesystem can hold
+  (schemas/base.py: the wire's own rule, checked again here), and it must land inside
+  `{root}/{repository}/{commit}/`; spaces, non-ASCII letters, `~` or parentheses are
+  only characters of a name (nothing here goes through a shell);
 * no existing component between the root and the file may be a symlink (a symlink
   planted inside the root could otherwise point a write anywhere).
 
@@ -22,9 +25,11 @@ import uuid
 from pathlib import Path
 
 from agent.errors import AgentError
+from schemas.base import FILE_PATH_PATTERN, MAX_SEGMENT_BYTES
 
 STAGING_DIR = ".modelforge-staging"
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.+=@-]+$")
+_FILE_PATH = re.compile(FILE_PATH_PATTERN)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -64,8 +69,21 @@ def staging_dir(root: Path, job_id: uuid.UUID) -> Path:
 
 
 def inside(base: Path, relative: str) -> Path:
-    """`base / relative`, refused if it could land outside `base`."""
-    return base.joinpath(*_segments(relative, "the file path"))
+    """`base / relative`, refused if it could land outside `base` or its name is not
+    safe to create."""
+    what = "the file path"
+    if not _FILE_PATH.fullmatch(relative):
+        raise PathNotAllowed(f"{what} is not a safe relative path")
+    parts = relative.split("/")
+    if any(part in (".", "..") for part in parts):  # the pattern says so too; cheap
+        raise PathNotAllowed(f"{what} has a segment that is not allowed")
+    try:
+        too_long = any(len(part.encode()) > MAX_SEGMENT_BYTES for part in parts)
+    except UnicodeEncodeError:  # a lone surrogate: no filesystem name
+        raise PathNotAllowed(f"{what} is not valid Unicode") from None
+    if too_long:
+        raise PathNotAllowed(f"{what} has a segment longer than {MAX_SEGMENT_BYTES} bytes")
+    return base.joinpath(*parts)
 
 
 def no_symlinks_below(root: Path, target: Path) -> None:

@@ -92,7 +92,10 @@ async def _job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) 
 
 
 @router.post(
-    ARTIFACT_JOBS, status_code=status.HTTP_201_CREATED, responses=error_responses(404, 409)
+    ARTIFACT_JOBS,
+    status_code=status.HTTP_201_CREATED,
+    # 502 and 503: a `resolve` whose source answers what we do not read, or cannot be reached.
+    responses=error_responses(404, 409, 502, 503),
 )
 async def create_artifact_job(
     body: CreateArtifactJob, session: AdminTransaction, state: State

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 
 from agent.jobs.paths import (
     PathNotAllowed,
@@ -22,13 +23,28 @@ from agent.jobs.paths import (
     no_symlinks_below,
     staging_dir,
 )
-from schemas.base import FILE_PATH_PATTERN
+from schemas.base import FILE_PATH_PATTERN, FilePath
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-SEGMENT = st.text(alphabet="abcXYZ019_.+=@-", min_size=1, max_size=8)
-HOSTILE = st.sampled_from(["..", ".", "", "/", "\x00", "a/../..", "../", "..\\x", "~"])
+# Names the Hub accepts and a filesystem holds: spaces, non-ASCII, `~`, parentheses.
+SEGMENT = st.text(alphabet="abcXYZ019_.+=@-~() é日", min_size=1, max_size=8)
+HOSTILE = st.sampled_from(
+    ["..", ".", "", "/", "\x00", "a/../..", "../", "..\\x", "a\\b", "a\n", "\x7f", "\u202e"]
+)
+# A name longer than a filesystem holds (256 bytes in UTF-8).
+HOSTILE = st.one_of(HOSTILE, st.just("é" * 128))
 PATHS = st.lists(st.one_of(SEGMENT, HOSTILE), min_size=1, max_size=6).map("/".join)
 PATHS = st.one_of(PATHS, PATHS.map(lambda p: "/" + p), st.text(max_size=30))
+WIRE_PATH: TypeAdapter[str] = TypeAdapter(FilePath)
+
+
+def on_the_wire(relative: str) -> bool:
+    """Whether the control plane accepts the path (schemas/base.py: FilePath)."""
+    try:
+        WIRE_PATH.validate_python(relative)
+    except ValidationError:
+        return False
+    return True
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -43,12 +59,13 @@ def test_an_accepted_path_is_always_inside_the_artifact(tmp_path: Path, relative
     assert resolved.startswith(str(base) + os.sep)
     assert ".." not in Path(relative).parts
     # The node is never looser than the control plane's pattern.
-    assert re.match(FILE_PATH_PATTERN, relative)
+    assert re.fullmatch(FILE_PATH_PATTERN, relative)
+    assert on_the_wire(relative)
 
 
 @given(relative=PATHS)
 def test_the_node_accepts_whatever_the_control_plane_accepts(relative: str) -> None:
-    if not re.match(FILE_PATH_PATTERN, relative):
+    if not on_the_wire(relative):
         return
     target = inside(Path("/srv/models/acme/m") / COMMIT, relative)
     assert str(target).endswith(relative)
@@ -90,3 +107,16 @@ def test_a_symlinked_file_is_refused(tmp_path: Path) -> None:
     (base / "weights.gguf").symlink_to("/etc/passwd")
     with pytest.raises(PathNotAllowed):
         no_symlinks_below(tmp_path, inside(base, "weights.gguf"))
+
+
+@pytest.mark.parametrize(
+    "relative", ["my model (1).gguf", "ünïcödé~/weights v2.gguf", "日本語.json", "~", "a b/ c "]
+)
+def test_a_safe_odd_name_is_written_where_it_says(tmp_path: Path, relative: str) -> None:
+    base = artifact_dir(tmp_path, "acme/model", COMMIT)
+    target = inside(base, relative)
+    no_symlinks_below(tmp_path, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"x")
+    assert target.relative_to(base).as_posix() == relative
+    assert on_the_wire(relative)
