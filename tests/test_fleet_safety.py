@@ -157,9 +157,13 @@ def enroll_fleet(api: RunningApi, count: int) -> list[EnrolledNode]:
         return [enroll(client, api, hostname=f"fleet-{i}") for i in range(count)]
 
 
-async def all_online(database_url: str, nodes: list[EnrolledNode]) -> bool:
+async def all_in(database_url: str, nodes: list[EnrolledNode], state: str) -> bool:
     states = await recorded(database_url, [n.node_id for n in nodes])
-    return set(states.values()) == {"online"}
+    return set(states.values()) == {state}
+
+
+async def all_online(database_url: str, nodes: list[EnrolledNode]) -> bool:
+    return await all_in(database_url, nodes, "online")
 
 
 # --------------------------------------------------------------------------- restart grace
@@ -184,6 +188,8 @@ async def test_a_control_plane_outage_marks_no_node_offline(
     async with running(fleet.run, sweeper(sessions, paused)):
         await until(lambda: all_online(database_url, nodes), 10, "all online")
         first_beats = [("offline", "online")] * len(nodes)
+        # The audit rows are the workers' (after the request answered): wait for them.
+        await asyncio.to_thread(api.settle)
         assert await transitions(database_url, [n.node_id for n in nodes]) == first_beats
 
         # Every API process is gone; stopped from a thread, so that the agents and the
@@ -192,7 +198,9 @@ async def test_a_control_plane_outage_marks_no_node_offline(
         if not workers_during_outage:
             paused.set()
         fleet.stop([dead])  # one node dies during the outage
+        # Time must pass to show that nothing happens in it: not a wait for a condition.
         await asyncio.sleep(2 * THRESHOLDS.offline_after_s)
+        await asyncio.to_thread(api.settle)
         during = await transitions(database_url, [n.node_id for n in nodes])
         assert during == first_beats, "nothing may be recorded while no API hears the nodes"
 
@@ -205,6 +213,7 @@ async def test_a_control_plane_outage_marks_no_node_offline(
             "the dead node offline",
         )
     alive = [n.node_id for n in nodes if n is not dead]
+    await asyncio.to_thread(fleet.api.settle)
     assert await transitions(database_url, alive) == [("offline", "online")] * len(alive)
     assert set((await recorded(database_url, alive)).values()) == {"online"}
     with fleet.api.client() as client:
@@ -248,6 +257,9 @@ async def test_sixty_percent_silent_holds_offline_five_percent_does_not(
         )
         assert len(opened) == 1
         assert opened[0]["data"]["silent_nodes"] >= 7 and opened[0]["data"]["watched_nodes"] == 20
+        await until(lambda: all_in(database_url, cut, "stale"), 10, "the silent nodes stale")
+        # Time must pass to show that the hold keeps them from going offline: not a wait
+        # for a condition.
         await asyncio.sleep(2 * THRESHOLDS.offline_after_s)
         states = await recorded(database_url, [n.node_id for n in cut])
         assert set(states.values()) == {"stale"}, states  # silent, visible, held
@@ -339,6 +351,7 @@ async def test_concurrent_sweeps_open_one_incident(
         await sweep(sessions, THRESHOLDS, breaker=BREAKER)
     assert set((await recorded(database_url, [n.node_id for n in nodes])).values()) == {"online"}
     # Everyone goes silent; keep the API present so the sweeps are not held for that.
+    # Silence is time passing (past the stale threshold): nothing to wait for but it.
     await asyncio.sleep(THRESHOLDS.stale_after_s + 0.2)
     await asyncio.gather(*(sweep(sessions, THRESHOLDS, breaker=BREAKER) for _ in range(8)))
     rows = await db_fetch(database_url, "SELECT count(*) AS n FROM fleet_incidents")
