@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from schemas.protocol import AUDIT
@@ -21,6 +20,7 @@ from tests.admin_helpers import (
     refused,
     token_id,
 )
+from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import (
     ENROLL,
@@ -79,7 +79,9 @@ def test_credential_revoke_and_rotate(api: RunningApi) -> None:
         ok(beat(client, third))
         ok(client.put(TELEMETRY, json=telemetry_body(node.node_id, 1), headers=third.headers))
         assert get_node(client, api, node.node_id)["has_active_credential"] is True
-        # The replacement is never readable again.
+        # The replacement is never readable again, nor in the audit rows the workers
+        # write for the rotations (waited for: a missing row would prove nothing).
+        api.settle()
         assert (
             third.credential.split(".")[2]
             not in client.get(f"{NODES}/{node.node_id}", headers=api.admin_headers).text
@@ -189,10 +191,13 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
     # Long after, on tiny thresholds, the tombstone still reads as decommissioned.
     # (The same presence gap as the API already running here: tests/api_server.py.)
     quick = api_factory(stale_after_s=0.1, offline_after_s=0.2)
-    time.sleep(0.3)
     with quick.client() as client:
+        wait_until(
+            lambda: get_node(client, quick, bystander.node_id)["liveness"] == "offline",
+            10,
+            "the silent bystander offline",
+        )
         assert get_node(client, quick, node.node_id)["liveness"] == "decommissioned"
-        assert get_node(client, quick, bystander.node_id)["liveness"] == "offline"
         assert list_nodes(client, quick, {"liveness": "decommissioned"}) == [node.node_id]
         assert list_nodes(client, quick, {"liveness": "offline"}) == [bystander.node_id]
 
