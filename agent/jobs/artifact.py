@@ -62,6 +62,10 @@ from schemas.jobs import (
 
 logger = logging.getLogger("modelforge.agent.jobs")
 
+# At most this long for a progress report in flight to be answered before the terminal
+# report goes out (the client's own timeout bounds it too); then it is abandoned.
+SETTLE_WAIT_S = 15.0
+
 
 @dataclass(frozen=True)
 class ArtifactSettings:
@@ -156,27 +160,33 @@ class ArtifactJob:
         self.progress = Progress({f.path: f.size for f in self.spec.files})
         self.cancelled = asyncio.Event()
         self.lost = asyncio.Event()
+        # Set once the job's end is decided: no progress report starts after it.
+        self.settling = asyncio.Event()
         self.name = f"job {claim.job_id} ({self.spec.repository}@{self.spec.commit[:12]})"
 
     async def run(self) -> str:
-        """Do the job and report its end; the outcome as a word (for the log and tests)."""
+        """Do the job and report its end; the outcome as a word (for the log and tests).
+
+        The progress reporter is stopped, and its report in flight answered, before the
+        terminal report goes out: once a job is settled nothing more is reported on it."""
         reporter = asyncio.create_task(self._report_progress())
         try:
             await self._acquire()
         except Cancelled:
+            await self._stop_reporting(reporter)
             self._remove_staging()
             return await self._fail(Failed(FailureCode.CANCELLED, False, "cancelled"))
         except LeaseLost:
+            await self._stop_reporting(reporter)
             logger.warning("%s: the lease was lost; stopping (partial files kept)", self.name)
             return "lease lost"
         except Failed as failure:
+            await self._stop_reporting(reporter)
             if not failure.retryable:
                 self._remove_staging()
             return await self._fail(failure)
         finally:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            await self._stop_reporting(reporter)
         return await self._complete()
 
     # ------------------------------------------------------------------ the work
@@ -343,10 +353,25 @@ class ArtifactJob:
 
     # -------------------------------------------------------------- the reports
 
+    async def _stop_reporting(self, reporter: asyncio.Task[None]) -> None:
+        """Let a report in flight get its answer (bounded by the client's timeout, and
+        by the settle bound here), then stop the reporter for good."""
+        self.settling.set()
+        if reporter.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reporter), SETTLE_WAIT_S)
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+
     async def _report_progress(self) -> None:
         interval = min(self.settings.progress_interval_s, self.claim.lease.renew_within_s)
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.settling.wait(), interval)
+            if self.settling.is_set():
+                return
             self.progress.sample()
             rate = self.progress.rate
             eta = (self.progress.total - self.progress.bytes_done) / rate if rate else None
