@@ -86,6 +86,11 @@ class AgentConfig(YamlSettings):
     # A download with no bytes for this long fails the attempt as `stalled`.
     artifact_stall_s: float = Field(default=30.0, gt=0)
     artifact_progress_interval_s: float = Field(default=2.0, gt=0)
+    # Staging that no attempt will resume (the job ended while the agent was down) is
+    # swept at start and then this often, between jobs (agent/jobs/sweep.py)...
+    artifact_staging_sweep_s: float = Field(default=600.0, gt=0)
+    # ...and, when the control plane cannot say, once nothing in it changed for this long.
+    artifact_staging_max_age_s: float = Field(default=7 * 86400.0, gt=0)
 
     # None: the interval the server asks for in its answers.
     heartbeat_interval_s: float | None = Field(default=None, gt=0)

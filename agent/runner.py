@@ -35,6 +35,7 @@ from agent.errors import (
 )
 from agent.jobs.artifact import ArtifactSettings
 from agent.jobs.loop import artifact_jobs
+from agent.jobs.sweep import StagingSweep
 from agent.jobs.wakeups import listen
 from agent.publisher import Publisher, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
@@ -193,7 +194,18 @@ class Agent:
             tasks = [
                 asyncio.create_task(
                     artifact_jobs(
-                        client, source, settings, done, poll_s=config.job_poll_interval_s, wake=wake
+                        client,
+                        source,
+                        settings,
+                        done,
+                        poll_s=config.job_poll_interval_s,
+                        wake=wake,
+                        sweep=StagingSweep(
+                            client,
+                            list(config.artifact_roots),
+                            period_s=config.artifact_staging_sweep_s,
+                            max_age_s=config.artifact_staging_max_age_s,
+                        ),
                     )
                 ),
                 asyncio.create_task(listen(client, wake, done)),

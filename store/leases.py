@@ -169,6 +169,8 @@ async def held(
 
     Refusals, in this order: no such job of this kind (404), another node's job (403),
     a finished job, a lease that is not the current one, a lease that ran out (409).
+    The order is relied on: the agent's staging sweep (agent/jobs/sweep.py) tells a
+    live job from an ended one by the refusal of a lease no one holds.
     """
     job = await get_for_update(session, job_id)
     if job is None or job.kind not in _kinds(kind):

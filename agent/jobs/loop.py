@@ -1,6 +1,7 @@
 """The agent's job loop: claim the next artifact job, run it, claim again; with nothing
 to do, wait for the poll interval (or a wake-up from the notification channel, which
-only cuts the latency: polling alone stays correct)."""
+only cuts the latency: polling alone stays correct). Between jobs, when it is due, the
+staging no attempt will resume is swept (agent/jobs/sweep.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 from agent.client import ProtocolClient
 from agent.errors import Rejected, RequestFailed
 from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.sweep import StagingSweep
 from agent.jobs.wakeups import wait_for_wake
 from agent.sources.hub import HubSource
 
@@ -24,10 +26,13 @@ async def artifact_jobs(
     *,
     poll_s: float,
     wake: asyncio.Event | None = None,
+    sweep: StagingSweep | None = None,
 ) -> None:
     wake = wake or asyncio.Event()
     failing: str | None = None
     while not stop.is_set():
+        if sweep is not None:
+            await sweep.when_due()
         claim = None
         try:
             claim = await client.claim_artifact_job()

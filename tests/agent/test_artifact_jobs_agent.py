@@ -77,7 +77,10 @@ def test_a_job_is_fetched_verified_promoted_and_recorded(
 def test_a_resolved_manifest_end_to_end(
     api_factory: ApiFactory, agents: StartAgent, hub: HubServer, tmp_path: Path
 ) -> None:
-    hub.state.add(REPO, "main", COMMIT, FILES)
+    """Names the Hub accepts that the old narrow pattern dropped (spaces, non-ASCII,
+    `~`, parentheses) are resolved, fetched and promoted like any other."""
+    odd = {"weights/my model (1) ~ü.gguf": content("odd", 5000)}
+    hub.state.add(REPO, "main", COMMIT, FILES | odd)
     api = api_factory(artifact_source_url=hub.url)
     _, node_id, root = start_agent(api, agents, hub, tmp_path)
     job = created(
@@ -90,7 +93,10 @@ def test_a_resolved_manifest_end_to_end(
     )
     assert job["spec"]["commit"] == COMMIT
     assert ended(api, job["id"])["state"] == "succeeded"
+    assert [f["path"] for f in job["spec"]["files"]] == sorted(["weights/model.gguf", *odd])
     assert (root / REPO / COMMIT / "weights/model.gguf").read_bytes() == FILES["weights/model.gguf"]
+    for path, data in odd.items():
+        assert (root / REPO / COMMIT / path).read_bytes() == data
     assert not (root / REPO / COMMIT / "config.json").exists()
 
 
@@ -232,3 +238,44 @@ def test_sigkill_mid_download_resumes_after_the_lease_expires(
         if path == "weights/model.gguf" and value
     ]
     assert resumed and resumed[-1] > 100_000, hub.state.ranges
+
+
+def test_staging_of_a_job_cancelled_while_its_agent_was_stopped_is_swept(
+    api_factory: ApiFactory,
+    agents: StartAgent,
+    hub: HubServer,
+    tmp_path: Path,
+    workers: Workers,
+    nats_server: EmbeddedNats,
+) -> None:
+    """The agent stops mid-file; the operator cancels; a worker ends the job when its
+    lease runs out. Nothing will resume it: the restarted agent removes its staging
+    (asking the control plane), and leaves alone what is not a job's."""
+    workers.env.update(
+        MODELFORGE_JOB_LEASE_S="2",
+        MODELFORGE_JOB_RETRY_BASE_S="0.2",
+        MODELFORGE_LEASE_SWEEP_PERIOD_S="0.2",
+    )
+    workers.start(1)
+    api = api_factory(pipeline=False, nats_url=nats_server.url, job_lease_s=2, job_retry_base_s=0.2)
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.throttle["weights/model.gguf"] = 60_000
+    agent, node_id, root = start_agent(api, agents, hub, tmp_path)
+    job_id = create(api, node_id, root)
+    staging = root / ".modelforge-staging" / job_id
+    not_a_job = root / ".modelforge-staging" / "operator-notes"
+    not_a_job.mkdir(parents=True)
+
+    def under_way() -> bool:
+        progress = admin(api, "GET", f"{ARTIFACT_JOBS}/{job_id}").get("progress") or {}
+        return int(progress.get("bytes_done", 0)) > 60_000
+
+    wait_until(under_way, what="the download under way")
+    assert agent.stop() == 0
+    admin(api, "POST", f"{ARTIFACT_JOBS}/{job_id}/cancel")
+    assert ended(api, job_id)["state"] == "cancelled"
+    assert any(staging.rglob("*.gguf")), "the stopped agent left its partial file"
+    restarted = agents(tmp_path / "agent.yaml", tmp_path / "agent-restarted.log")
+    restarted.wait_for_log(rf"removed the staging of job {job_id} \(the job will not be resumed\)")
+    assert not staging.exists()
+    assert not_a_job.is_dir()
