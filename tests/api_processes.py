@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 
 from agent.processes import start_process, stop_process
-from schemas.protocol import ENROLL, NODES, TOKENS
+from schemas.protocol import ENROLL, HEARTBEAT, NODES, TOKENS
 from stack.ports import free_port
+from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY
-from tests.flows import enroll_body
+from tests.flows import EnrolledNode, enroll_body, heartbeat_body
 
 ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
 
@@ -64,6 +65,19 @@ def routine_heartbeats(client: httpx.Client) -> float:
         if line.startswith('modelforge_heartbeats_total{path="routine"}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def answered_from_cache(client: httpx.Client, node: EnrolledNode) -> None:
+    """Heartbeat until this API answers the node from its node cache (a routine
+    heartbeat): its LISTEN connection is up and the node's entry is stored."""
+    before = routine_heartbeats(client)
+
+    def routine() -> bool:
+        beat = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
+        assert beat.status_code == 200, beat.text
+        return routine_heartbeats(client) > before
+
+    wait_until(routine, 10, "a heartbeat answered from the node cache")
 
 
 def enrolled(operator: httpx.Client, hostname: str) -> tuple[str, str]:

@@ -16,7 +16,8 @@ import httpx
 from store.engine import make_engine, make_sessionmaker
 from store.liveness import LivenessThresholds
 from tests.admin_helpers import db_scalar
-from tests.api_processes import api_processes, enrolled, routine_heartbeats
+from tests.agent.harness import wait_until
+from tests.api_processes import answered_from_cache, api_processes, enrolled, routine_heartbeats
 from tests.api_server import ApiFactory
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import admin_execute, run_async
@@ -51,6 +52,14 @@ async def sweep_once(database_url: str, thresholds: LivenessThresholds) -> list[
         await engine.dispose()
 
 
+def timestamps_flushed(client: httpx.Client) -> float:
+    """Routine heartbeats this API's group commit has written (its /metrics)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("modelforge_heartbeat_timestamps_flushed_total "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def beat(client: httpx.Client, node: EnrolledNode) -> dict[str, Any]:
     response = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
     assert response.status_code == 200, response.text
@@ -64,25 +73,31 @@ def test_routine_heartbeats_land_within_the_flush_interval(
     api = api_factory(heartbeat_flush_interval_s=FLUSH_S)
     with api.client() as client:
         node = enroll(client, api)
-        for _ in range(3):  # online, then cached, then routine
-            beat(client, node)
-            time.sleep(0.1)
+        answered_from_cache(client, node)
+        # Pacing: every earlier heartbeat is then well before the one below.
+        time.sleep(0.2)
         before = routine_heartbeats(client)
         answer = beat(client, node)
         assert routine_heartbeats(client) == before + 1
-        # Not written yet, or written within the interval, at the time the API answered.
-        time.sleep(FLUSH_S + 0.2)
-        stored = last_heartbeat(database_url, node.node_id)
         received = datetime.fromisoformat(answer["received_at"])
-        assert abs(stored - received) < timedelta(milliseconds=100), (stored, received)
+
+        # Not written yet, or written within the interval, at the time the API answered:
+        # the group commit writes the time the API answered with.
+        def landed() -> bool:
+            stored = last_heartbeat(database_url, node.node_id)
+            return abs(stored - received) < timedelta(milliseconds=100)
+
+        wait_until(landed, 10 * FLUSH_S, "the routine heartbeat flushed")
+        stored = last_heartbeat(database_url, node.node_id)
         # A transactional write meanwhile is never overwritten by an older routine one.
         node_key = uuid.UUID(node.node_id)  # a parsed UUID: safe to write into the SQL
         ahead = "UPDATE nodes SET last_heartbeat_at = statement_timestamp() + interval '1 hour'"
         admin_execute(database_url, f"{ahead} WHERE id = '{node_key}'")
         future = last_heartbeat(database_url, node.node_id)
         assert future > stored + timedelta(minutes=59)
+        flushes = timestamps_flushed(client)
         beat(client, node)
-        time.sleep(FLUSH_S + 0.2)
+        wait_until(lambda: timestamps_flushed(client) > flushes, 10 * FLUSH_S, "a flush")
         assert last_heartbeat(database_url, node.node_id) == future
 
 
@@ -120,7 +135,7 @@ def test_a_killed_api_loses_at_most_one_interval_and_no_node_goes_stale(
             until = time.monotonic() + stale_s * 2
             while time.monotonic() < until:
                 beat(b, node)
-                time.sleep(0.3)
+                time.sleep(0.3)  # an agent's pace, across the window: not a wait
                 recorded += run_async(lambda: sweep_once(database_url, thresholds))
                 assert lag_s(database_url, node_id) < stale_s / 2
         assert recorded == []

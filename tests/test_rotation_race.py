@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from api.node_cache import NodeCache
 from schemas.protocol import AUDIT
 from tests.agent.harness import wait_until
-from tests.api_processes import REFUSALS, refuse, routine_heartbeats
+from tests.api_processes import REFUSALS, answered_from_cache, refuse
 from tests.api_server import RunningApi
 from tests.flows import (
     HEARTBEAT,
@@ -334,18 +334,6 @@ def held_notifications(api: RunningApi, monkeypatch: pytest.MonkeyPatch) -> list
     return held
 
 
-def cached(client: httpx.Client, node: EnrolledNode) -> None:
-    """Heartbeat until the API answers the node from its node cache (the routine path)."""
-    before = routine_heartbeats(client)
-
-    def routine() -> bool:
-        beat = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
-        assert beat.status_code == 200, beat.text
-        return routine_heartbeats(client) > before
-
-    wait_until(routine, 10, "the node answered from the node cache")
-
-
 def test_the_rotating_process_refuses_the_old_credential_at_once(
     api: RunningApi, held_notifications: list[str]
 ) -> None:
@@ -355,7 +343,7 @@ def test_the_rotating_process_refuses_the_old_credential_at_once(
         node = enroll(client, api)
         rotate = f"{NODES}/{node.node_id}/credential/rotate"
         for _ in range(ROTATIONS):
-            cached(client, node)
+            answered_from_cache(client, node)
             rotated = client.post(rotate, headers=api.admin_headers)
             assert rotated.status_code == 200, rotated.text
             old = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
@@ -371,7 +359,7 @@ def test_the_changing_process_refuses_at_once(
 ) -> None:
     with api.client() as client:
         node = enroll(client, api)
-        cached(client, node)
+        answered_from_cache(client, node)
         refuse(client, node.node_id, change)
         for route in (HEARTBEAT, TELEMETRY):
             if route == HEARTBEAT:
