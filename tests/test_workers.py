@@ -14,6 +14,7 @@ import pytest
 from broker.jetstream import BrokerSettings, build_broker
 from schemas.protocol import AUDIT, DEAD_LETTERS
 from stack.embedded_nats import EmbeddedNats
+from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
 from tests.worker_processes import OFFLINE_S, STALE_S, Workers
@@ -52,15 +53,6 @@ def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
     return by_node
 
 
-def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_three_workers_share_sweeps_and_survive_a_sigkill(
     api_factory: ApiFactory, workers: Workers
@@ -74,7 +66,8 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
             observed = (now() + timedelta(days=365)).isoformat() if i % 3 == 0 else None
             body = heartbeat_body(node.node_id, observed_at=observed)
             assert client.post(HEARTBEAT, json=body, headers=node.headers).status_code == 200
-    # Kill one worker mid-stream, while sweeps are due and running.
+    # Kill one worker mid-stream, while sweeps are due and running: the time must pass
+    # for them to be due (the database clock decides), so this is no wait for a state.
     time.sleep(STALE_S + 0.3)
     workers.procs[0].send_signal(signal.SIGKILL)
     expected = [
@@ -87,8 +80,9 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
         audit = _liveness_audit(api)
         return all(len(audit[node.node_id]) >= 3 for node in nodes)
 
-    _wait_for(all_offline, 30, "every node to go offline")
-    # Let any late duplicate show itself before judging.
+    wait_until(all_offline, 30, "every node to go offline")
+    # Let any late duplicate show itself before judging (a window for what must not
+    # happen, not a wait for a condition).
     time.sleep(1.5)
     audit = _liveness_audit(api)
     for node in nodes:
@@ -106,7 +100,7 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
         for node in nodes[:6]:
             body = heartbeat_body(node.node_id)
             assert client.post(HEARTBEAT, json=body, headers=node.headers).status_code == 200
-    time.sleep(1.0)
+    api.settle()  # the workers' audit rows of those heartbeats
     audit = _liveness_audit(api)
     for node in nodes[:6]:
         assert audit[node.node_id] == [*expected, ("offline", "online", "heartbeat")]
@@ -144,7 +138,7 @@ def test_poison_message_is_dead_lettered_and_replayable(
             items: list[dict[str, Any]] = response.json()["items"]
             return items
 
-    _wait_for(lambda: len(listed()) == 1, 30, "the poison message in the dead-letter stream")
+    wait_until(lambda: len(listed()) == 1, 30, "the poison message in the dead-letter stream")
     (entry,) = listed()
     assert entry["message_id"] == poison.message_id
     assert entry["actor_name"] == "liveness_sweep"
@@ -161,7 +155,7 @@ def test_poison_message_is_dead_lettered_and_replayable(
         gone = client.get(f"{DEAD_LETTERS}/{entry['seq']}", headers=api.admin_headers)
         assert gone.status_code == 404
     # Replayed with a fresh retry budget: it runs (and fails) 3 more times, then returns.
-    _wait_for(lambda: len(listed()) == 1 and listed()[0]["seq"] != entry["seq"], 30, "the replay")
+    wait_until(lambda: len(listed()) == 1 and listed()[0]["seq"] != entry["seq"], 30, "the replay")
     again = listed()[0]
     assert again["message_id"] == poison.message_id and again["retries"] == 3
     with api.client() as client:
