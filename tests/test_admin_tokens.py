@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from schemas.protocol import AUDIT
@@ -15,6 +14,7 @@ from tests.admin_helpers import (
     refused,
     token_id,
 )
+from tests.agent.harness import wait_until
 from tests.api_server import RunningApi
 from tests.flows import (
     TOKENS,
@@ -62,7 +62,6 @@ def test_token_list_state_filter(api: RunningApi) -> None:
         node = enroll_with(client, used_secret)
         revoked = new_token(client, api)["token"]["id"]
         ok(client.post(f"{TOKENS}/{revoked}/revoke", headers=api.admin_headers))
-        time.sleep(1.2)
 
         def ids(state: str | None) -> list[str]:
             params = {"state": state} if state else None
@@ -71,6 +70,7 @@ def test_token_list_state_filter(api: RunningApi) -> None:
                 assert all(item["state"] == state for item in items)
             return sorted(item["id"] for item in items)
 
+        wait_until(lambda: ids("expired") == [expired], 10, "the one-second token expired")
         assert ids("active") == sorted([active, forever])
         assert ids("expired") == [expired]
         assert ids("used") == [used]
