@@ -4,13 +4,13 @@ ids, validation, body size and routing."""
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from schemas.protocol import AUDIT
+from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.contract_helpers import (
     GENERATED_CORRELATION_ID,
@@ -93,9 +93,14 @@ def test_enroll_token_states(api: RunningApi) -> None:
             client.post(ENROLL, json=enroll_body(OPERATOR_KEY)), 401, "enrollment_token_invalid"
         )
 
-        # Expired: the only sleep in this file.
+        # Expired: once the operator's listing says so (the database clock decides).
         expiring = create_token(client, api, expires_in_s=1)
-        time.sleep(1.5)
+
+        def expired() -> bool:
+            listed = client.get(TOKENS, params={"state": "expired"}, headers=api.admin_headers)
+            return hex_id_of(expiring) in {item["id"] for item in listed.json()["items"]}
+
+        wait_until(expired, 10, "the one-second token expired")
         assert_error(
             client.post(ENROLL, json=enroll_body(expiring)), 401, "enrollment_token_expired"
         )
