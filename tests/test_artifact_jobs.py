@@ -157,7 +157,7 @@ def test_claim_progress_complete_records_the_artifact(jobs_api: RunningApi) -> N
         assert lease["lease"]["epoch"] == 1 and lease["spec"]["files"] == MANIFEST["files"]
         assert claim(client, node).status_code == 204  # one job, one holder
         first_expiry = lease["lease"]["expires_at"]
-        time.sleep(0.05)
+        time.sleep(0.05)  # the clock moves on, so the extension is visible: not a wait
         answer = ok(progress(client, node, job_id, fence(lease), 2500))
         assert answer["cancel_requested"] is False
         assert answer["lease"]["expires_at"] > first_expiry  # extended

@@ -50,7 +50,7 @@ async def test_concurrent_agent_changes_form_one_chain(api: RunningApi, database
 
             tasks = [asyncio.create_task(beat(f"2.{round_number}.{i}")) for i in range(12)]
             tasks += [asyncio.create_task(report(round_number * 10 + i + 1)) for i in range(4)]
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # pacing: every task is at the gate before it opens
             go.set()
             statuses = await asyncio.gather(*tasks)
             # Inventories may race each other's sequence (409), heartbeats never fail.

@@ -64,6 +64,8 @@ async def test_concurrent_expiry_sweeps_take_each_lease_back_once(
         ids = [created(client, api, node, max_attempts=3) for _ in range(jobs)]
         leases = [claimed(client, node) for _ in range(jobs)]
         assert sorted(lease["job_id"] for lease in leases) == sorted(ids)
+    # Every lease past due before the sweepers race: time must pass (the database
+    # clock decides), no state to wait for.
     await asyncio.sleep(0.5)
     engine = make_engine(database_url, pool_size=8)
     try:

@@ -57,7 +57,7 @@ def test_an_unreported_lease_expires_retries_then_fails(
         first = claimed(client, node)
         # Reports keep the lease alive past its original expiry.
         for _ in range(3):
-            time.sleep(LEASE_S / 2)
+            time.sleep(LEASE_S / 2)  # an agent's pace, past the first expiry: not a wait
             assert progress(client, node, job_id, fence(first), 100).status_code == 200
         assert get_job(client, api, job_id)["state"] == "leased"
         # Silence: a worker takes the lease back.

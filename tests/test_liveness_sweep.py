@@ -134,6 +134,8 @@ async def test_disabled_and_decommissioned_nodes_are_never_swept(
             ).status_code
             == 200
         )
+    # Past the offline threshold, to show that the sweep records nothing for them: a
+    # window for what must not happen, not a wait for a condition.
     await asyncio.sleep(THRESHOLDS.offline_after_s + 0.3)
     assert await sweep(sessions, THRESHOLDS) == []
     for node in (disabled, gone):
@@ -148,6 +150,7 @@ async def test_concurrent_sweepers_record_each_transition_once(
         nodes = [enroll(client, api, hostname=f"n{i}") for i in range(30)]
     for node in nodes:
         _beat(api, node)
+    # Every node due for offline at once: time must pass (the database clock decides).
     await asyncio.sleep(THRESHOLDS.offline_after_s + 0.3)
     # Separate engines: separate connections, as separate worker processes would have.
     engines = [make_engine(database_url, pool_size=2) for _ in range(6)]
