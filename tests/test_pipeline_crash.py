@@ -141,6 +141,7 @@ def _run_with_fault(
     with api.client() as client:
         nodes = [enroll(client, api, hostname=f"crash-{i}") for i in range(NODE_COUNT)]
     with Load(api, nodes) as load:
+        # Pacing: the fault lands mid-load, with load on both sides of it.
         time.sleep(2.0)
         fault()
         time.sleep(2.0)
@@ -158,7 +159,7 @@ def test_sigkill_of_a_busy_worker_loses_and_duplicates_nothing(
     def kill_and_restart() -> None:
         workers.procs[0].send_signal(signal.SIGKILL)
         workers.procs[0].wait(timeout=10)
-        time.sleep(0.5)
+        time.sleep(0.5)  # a while with one worker fewer: part of the fault
         workers.start(1)
 
     _run_with_fault(api_factory, workers, nats_server, database_url, kill_and_restart)
@@ -171,7 +172,7 @@ def test_nats_outage_under_load_loses_and_duplicates_nothing(
 ) -> None:
     def outage() -> None:
         nats_server.stop()
-        time.sleep(2.0)
+        time.sleep(2.0)  # the outage's length: part of the fault
         nats_server.start()
 
     _run_with_fault(api_factory, workers, nats_server, database_url, outage)

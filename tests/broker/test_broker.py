@@ -77,7 +77,7 @@ def test_duplicate_enqueue_is_deduplicated(settings, make_broker, effects) -> No
     broker.enqueue(message)  # same message_id -> same Nats-Msg-Id: dropped by the stream
     with running_worker(broker):
         broker.join(QUEUE, timeout=10_000)
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window for a duplicate to show: not a wait for a condition
     assert effects.counts("done") == {"once": 1}
 
 
@@ -291,7 +291,7 @@ def test_closing_consumer_hands_back_what_its_last_pull_request_delivered(
     broker.run(consumer._puller.request())  # white-box: a request now waits 3 s on the server
     closer = threading.Thread(target=consumer.close)
     closer.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # pacing: the close is under way before the message is sent
     actors.record.send("late")  # delivered to the closing consumer's request
     closer.join(5)
     assert not closer.is_alive()
