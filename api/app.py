@@ -14,6 +14,7 @@ from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.heartbeat_buffer import heartbeat_buffer
+from api.held_streams import HeldStreams
 from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
@@ -29,8 +30,11 @@ from store.engine import make_engine, make_sessionmaker
 logger = logging.getLogger("modelforge.api")
 
 
-def create_app(settings: ApiSettings) -> FastAPI:
+def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -> FastAPI:
+    """held_streams: the registry the server ends when it begins to stop (api/server.py);
+    a server that never calls close_all leaves held streams to end by themselves."""
     metrics = ApiMetrics()
+    held = held_streams if held_streams is not None else HeldStreams()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +74,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     heartbeats=heartbeats,
                     manifests=manifests,
                     notifications=notifications,
+                    held_streams=held,
                 )
                 yield
         finally:

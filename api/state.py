@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from api.broker_link import BrokerLink
 from api.heartbeat_buffer import HeartbeatBuffer
+from api.held_streams import HeldStreams
 from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.node_cache import NodeCache
@@ -30,6 +31,7 @@ class ApiState:
     heartbeats: HeartbeatBuffer
     manifests: ManifestResolver
     notifications: NotificationHub
+    held_streams: HeldStreams
 
     @property
     def leases(self) -> LeasePolicy:

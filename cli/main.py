@@ -17,25 +17,13 @@ from pydantic import ValidationError
 
 
 def _api(_: argparse.Namespace) -> int:
-    import uvicorn
-
-    from api.app import create_app
+    from api.server import serve
     from api.settings import ApiSettings
     from cli.logging import configure_logging
 
     settings = ApiSettings()
     configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        timeout_keep_alive=int(settings.keep_alive_s),
-        **settings.uvicorn_tls(),
-    )
-    return 0
+    return serve(settings)
 
 
 def _migrate(_: argparse.Namespace) -> int:

@@ -16,9 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
+from api.server import ApiServer, api_server
 from api.settings import ApiSettings
 from tests.pipeline import RunningPipeline, settle
 
@@ -41,7 +40,7 @@ def free_port() -> int:
 class RunningApi:
     base_url: str
     settings: ApiSettings
-    server: uvicorn.Server
+    server: ApiServer
     thread: threading.Thread
     # The workers' event pipeline on this API's database (tests/pipeline.py), if any.
     pipeline: RunningPipeline | None = None
@@ -68,8 +67,8 @@ class RunningApi:
 
 
 def start_api(settings: ApiSettings) -> RunningApi:
-    config = uvicorn.Config(
-        create_app(settings),
+    server = api_server(
+        settings,
         host="127.0.0.1",
         port=settings.port,
         log_config=None,
@@ -79,7 +78,6 @@ def start_api(settings: ApiSettings) -> RunningApi:
         # at the instant a client reuses it surfaces as a spurious ReadError.
         timeout_keep_alive=120,
     )
-    server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

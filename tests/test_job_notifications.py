@@ -5,12 +5,10 @@ is. Two real `modelforge api` processes on one database."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +17,7 @@ from schemas.protocol import ARTIFACT_JOBS, ARTIFACT_JOBS_NEXT, INVENTORY, NOTIF
 from tests.api_processes import ADMIN, REFUSALS, api_processes, enrolled, refuse
 from tests.artifact_flows import MANIFEST, ROOT
 from tests.flows import inventory_body
+from tests.held_channel import channel
 from tests.pipeline import RunningPipeline
 
 KEEPALIVE_S = 0.5
@@ -42,45 +41,6 @@ def node_offering_roots(operator: httpx.Client, hostname: str) -> tuple[str, str
     auth = {"Authorization": f"Bearer {credential}"}
     assert operator.put(INVENTORY, json=body, headers=auth).status_code == 200
     return node_id, credential
-
-
-@dataclass
-class Channel:
-    notes: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-    opened: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)  # by the server
-
-
-@contextlib.asynccontextmanager
-async def channel(base_url: str, credential: str) -> AsyncIterator[Channel]:
-    """The node's held notification request; its `event: job` payloads, in order."""
-    held = Channel()
-
-    async def hold() -> None:
-        # Reads may wait for a keep-alive between notifications.
-        timeout = httpx.Timeout(10.0, read=60.0)
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
-            headers = {"Authorization": f"Bearer {credential}"}
-            async with client.stream("GET", NOTIFICATIONS, headers=headers) as response:
-                assert response.status_code == 200
-                assert response.headers["content-type"].startswith("text/event-stream")
-                event = None
-                async for line in response.aiter_lines():
-                    held.opened.set()
-                    if line.startswith("event: "):
-                        event = line.removeprefix("event: ")
-                    elif line.startswith("data: ") and event == "job":
-                        await held.notes.put(json.loads(line.removeprefix("data: ")))
-        held.closed.set()
-
-    task = asyncio.create_task(hold())
-    await asyncio.wait_for(held.opened.wait(), 10)
-    try:
-        yield held
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_job_created_through_one_api_wakes_the_node_on_another(
@@ -145,3 +105,25 @@ async def test_a_refused_nodes_channel_closes_within_a_keepalive(
         with httpx.Client(base_url=listening, timeout=10) as agent:
             again = agent.get(NOTIFICATIONS, headers={"Authorization": f"Bearer {credential}"})
         assert again.status_code in (401, 403), again.text
+
+
+async def test_a_held_channel_ends_as_soon_as_its_api_begins_to_stop(
+    database_url: str, pipeline: RunningPipeline, tmp_path: Path
+) -> None:
+    """uvicorn waits for open connections before it stops, and a held channel never ends
+    by itself: the API ends every one when it begins to stop, so it stops at once and
+    the agent reconnects elsewhere."""
+    assert pipeline.nats_url is not None
+    with api_processes(1, database_url, pipeline.nats_url, tmp_path) as [(url, proc)]:
+        with httpx.Client(base_url=url, timeout=10) as operator:
+            _, credential = enrolled(operator, "held-at-shutdown")
+        async with channel(url, credential) as held:
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(held.closed.wait(), 5)
+            status = await asyncio.to_thread(proc.wait, 10)
+            took = time.monotonic() - began
+        # uvicorn raises SIGTERM again once it has stopped gracefully.
+        assert status == -signal.SIGTERM, (tmp_path / "api-0.log").read_text()
+        # Well inside the keep-alive (15 s) and up's patience with a child (40 s).
+        assert took < 5, f"the API took {took:.1f}s to stop"

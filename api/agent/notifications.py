@@ -5,14 +5,16 @@ of wake-ups without a reconnect between them, it is plain HTTP/1.1 through proxi
 the agent reads it with an ordinary streaming GET. No transaction is held while it is
 open: the node is authenticated up front (from the node cache, or one short
 transaction), and again at every keep-alive, so a revoked, disabled or decommissioned
-node's channel closes within one keep-alive interval (`notification_keepalive_s`).
+node's channel closes within one keep-alive interval (`notification_keepalive_s`). Every
+channel ends when the API begins to stop (api/held_streams.py), so the agent reconnects
+to another replica and the API stops at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated
 
 from fastapi import APIRouter, Header
@@ -40,7 +42,7 @@ async def job_notifications(
     keepalive_s = state.settings.notification_keepalive_s
     hub = state.notifications
 
-    async def stream() -> AsyncIterator[str]:
+    async def stream() -> AsyncGenerator[str, None]:
         loop = asyncio.get_running_loop()
         with hub.channel(node_id) as queue:
             yield "retry: 2000\n: connected\n\n"
@@ -60,7 +62,7 @@ async def job_notifications(
                 check_at = loop.time() + keepalive_s
 
     return StreamingResponse(
-        stream(),
+        state.held_streams.hold(stream()),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -1,0 +1,62 @@
+"""Serving the app: uvicorn's Server, made to end held streams when it begins to stop.
+
+uvicorn's shutdown closes the listeners, asks idle connections to close, then waits for
+every open response to finish before the lifespan's shutdown runs; a held stream would
+keep it waiting for ever (api/held_streams.py). `Server.shutdown` is where every way of
+stopping meets (SIGINT, SIGTERM, `should_exit` set by an embedding test, the request
+limit), so that is where the held streams are ended: after the listeners close, so that
+a client that reconnects at once reaches another replica rather than this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+import uvicorn
+
+from api.app import create_app
+from api.held_streams import HeldStreams
+from api.settings import ApiSettings
+
+# uvicorn.run's exit status when the server could not start (uvicorn.config.STARTUP_FAILURE).
+STARTUP_FAILURE = 3
+
+
+class ApiServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, held_streams: HeldStreams) -> None:
+        super().__init__(config)
+        self.held_streams = held_streams
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Closing twice is harmless: uvicorn's shutdown closes them again.
+        for server in self.servers:
+            server.close()
+        self.held_streams.close_all()
+        await super().shutdown(sockets)
+
+
+def api_server(settings: ApiSettings, **options: Any) -> ApiServer:
+    """The server for an app built from settings; options are uvicorn.Config's."""
+    held = HeldStreams()
+    config = uvicorn.Config(create_app(settings, held), **options)
+    return ApiServer(config, held)
+
+
+def serve(settings: ApiSettings) -> int:
+    """Run `modelforge api` in the foreground until SIGINT/SIGTERM; the exit status."""
+    server = api_server(
+        settings,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_keep_alive=int(settings.keep_alive_s),
+        **settings.uvicorn_tls(),
+    )
+    # uvicorn raises the stopping signal again once it has stopped: SIGINT arrives here.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE
