@@ -7,17 +7,21 @@ import only schemas/ and the agent package; so it lives here, in the agent packa
 every install has.
 
 Every child gets its own process group: a Ctrl-C at the terminal then reaches only the
-parent, which stops things in dependency order instead of all at once.
+parent, which stops things in dependency order instead of all at once. A child can also
+be tied to its parent's life (`parent_death_signal`), so that a parent killed with
+SIGKILL, which runs no cleanup, does not leave it running for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +40,35 @@ def as_user(user: str | None) -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
+# linux/prctl.h
+_PR_SET_PDEATHSIG = 1
+
+
+def _on_parent_death(sig: signal.Signals) -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel send sig to the child when its parent dies.
+
+    Linux only (None elsewhere). The kernel sends it when the *thread* that started the
+    child exits, so call start_process from a thread that lives as long as the parent
+    (the main thread). It runs after the child has dropped to `user` (a change of
+    credentials would clear it). A parent that died before it took effect is seen as
+    a new parent pid, and the child then gets sig at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    # Resolved here, in the parent: the child between fork and exec should do no more
+    # than the one call.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
 def start_process(
     argv: Sequence[str],
     *,
@@ -43,8 +76,14 @@ def start_process(
     env: Mapping[str, str] | None = None,
     user: str | None = None,
     cwd: Path | None = None,
+    parent_death_signal: signal.Signals | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start argv in a new process group; output appends to log_path, or is inherited."""
+    """Start argv in a new process group; output appends to log_path, or is inherited.
+
+    parent_death_signal: the signal the child gets when this process dies, however it
+    dies; the one that stops that program cleanly (see _on_parent_death).
+    """
+    preexec = _on_parent_death(parent_death_signal) if parent_death_signal else None
     log: IO[bytes] | None = None
     if log_path is not None:
         log = log_path.open("ab")
@@ -57,6 +96,7 @@ def start_process(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             process_group=0,
+            preexec_fn=preexec,
             **as_user(user),
         )
     finally:

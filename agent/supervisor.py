@@ -92,15 +92,28 @@ class ChildProcess:
     """One command in its own process group, started again on demand."""
 
     def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str], *, stop_timeout_s: float
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stop_timeout_s: float,
+        parent_death_signal: signal.Signals | None = None,
     ) -> None:
         self._argv = list(argv)
         self._env = dict(env)
         self._stop_timeout_s = stop_timeout_s
+        # What the child gets if this process dies without stopping it (agent/processes.py).
+        self._parent_death_signal = parent_death_signal
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     def start(self) -> None:
-        self.proc = start_process(self._argv, env=self._env)
+        self.proc = start_process(
+            self._argv, env=self._env, parent_death_signal=self._parent_death_signal
+        )
 
     def exit_status(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None

@@ -46,9 +46,12 @@ class EmbeddedNats:
         port: int | None = None,
         *,
         startup_timeout_s: float = 30.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.store_dir = store_dir.expanduser().resolve()
         self._port = port
+        # SIGTERM, as stop() sends, when this process dies without stopping it.
+        self._parent_death_signal = signal.SIGTERM if die_with_parent else None
         self._startup_timeout_s = startup_timeout_s
         self._lock = DirLock(self.store_dir / "lock")
         self._proc: subprocess.Popen[bytes] | None = None
@@ -167,7 +170,9 @@ class EmbeddedNats:
                 str(monitor_port),
             ]
             log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-            self._proc = start_process(argv, log_path=self.log_path)
+            self._proc = start_process(
+                argv, log_path=self.log_path, parent_death_signal=self._parent_death_signal
+            )
             if self._wait_ready(port, monitor_port):
                 self._port = port
                 self._monitor_port = monitor_port

@@ -81,11 +81,16 @@ class EmbeddedPostgres:
         *,
         durable: bool = True,
         startup_timeout_s: float = 60.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.data_dir = data_dir.expanduser().resolve()
         self._requested_port = port
         # durable=False trades crash safety for speed; for throwaway test clusters only.
         self._durable = durable
+        # The postmaster gets SIGINT when this process dies: a fast shutdown, as stop()
+        # does, which ends its backends and checkpoints (SIGTERM would wait for clients
+        # that may never leave; SIGQUIT would leave crash recovery to the next start).
+        self._parent_death_signal = signal.SIGINT if die_with_parent else None
         self._startup_timeout_s = startup_timeout_s
         self._user = SYSTEM_USER if _running_as_root() else None
         self._lock = DirLock(self.data_dir / "lock")
@@ -329,6 +334,7 @@ class EmbeddedPostgres:
                 user=self._user,
                 env=self._client_env(),
                 cwd=self.data_dir,
+                parent_death_signal=self._parent_death_signal,
             )
             self._port = port
             if self._wait_ready():

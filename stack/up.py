@@ -4,6 +4,9 @@ Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelfor
 `modelforge worker` as child processes. Every child, the embedded servers included, is
 restarted with backoff when it dies (agent/supervisor.py); only a crash loop stops the
 stack. Clients find the stack through `<data dir>/stack.json` (schemas/stack.py).
+
+Every child dies with `up`, even a SIGKILLed one (a parent-death signal), and what
+outlives it anyway is stopped by the next `up` on the same data dir (stack/leftovers.py).
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ import httpx
 
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from schemas.stack import StackInfo, write_stack_info
+from stack.leftovers import RECORD_FILE, ChildRecord, stop_leftovers
 from stack.ports import free_port, port_is_free
+from stack.processes import DirLock
 from stack.settings import StackSettings
 
 DATABASE_NAME = "modelforge"
 KEY_FILE = "operator_api_key"
+# Held while an `up` runs on the data dir: whoever holds it owns what the record names.
+LOCK_FILE = "up.lock"
 HEALTH_TIMEOUT_S = 90.0
 # Longer than a worker's drain (Worker.stop waits up to 30 s for in-flight actors).
 CHILD_STOP_TIMEOUT_S = 40.0
@@ -162,21 +169,28 @@ class _Stack:
         self.data_dir = settings.data_dir.expanduser().resolve()
         self.supervisor = Supervisor(RestartPolicy(), say=_warn)
         self.children: list[ChildProcess] = []
+        self.record = ChildRecord(self.data_dir / RECORD_FILE)
 
     def run(self) -> int:
         host, port = self.settings.host, self.settings.port
-        if not port_is_free(host, port):
-            raise StartupError(
-                f"port {port} on {host} is already in use; stop whatever listens there or "
-                "choose another port with MODELFORGE_PORT"
-            )
         with contextlib.ExitStack() as cleanup:
+            # First: a leftover of an earlier run may be what holds the port. A new data
+            # dir has none, and is not created when the port is taken.
+            existing = self.data_dir.exists()
+            if existing:
+                self._own_data_dir(cleanup)
+            if not port_is_free(host, port):
+                raise StartupError(
+                    f"port {port} on {host} is already in use; stop whatever listens there "
+                    "or choose another port with MODELFORGE_PORT"
+                )
             reservation = _reserve_port(host, port)
             if reservation is not None:
                 cleanup.callback(reservation.close)
-            if not self.data_dir.exists():
+            if not existing:
                 self.data_dir.mkdir(parents=True, mode=0o700)
                 self.data_dir.chmod(0o700)  # mkdir's mode is filtered by the umask
+                self._own_data_dir(cleanup)
             database_url = self._database(cleanup)
             nats_url = self._nats(cleanup)
             self.signals.check()
@@ -205,10 +219,16 @@ class _Stack:
             # The worker carries the outbox relay and the liveness sweeps.
             for name in ("api", "worker"):
                 argv = [sys.executable, "-m", "cli.main", name]
-                child = ChildProcess(argv, env, stop_timeout_s=CHILD_STOP_TIMEOUT_S)
+                child = ChildProcess(
+                    argv,
+                    env,
+                    stop_timeout_s=CHILD_STOP_TIMEOUT_S,
+                    parent_death_signal=signal.SIGTERM,
+                )
                 child.start()
                 self.children.append(child)
                 self.supervisor.add(f"modelforge {name}", child)
+                self.record.track(f"modelforge {name}", child, signal.SIGTERM)
             base = f"http://{_client_host(host)}:{port}"
             self._wait_healthy(f"{base}/healthz")
             stack_file = write_stack_info(
@@ -241,6 +261,22 @@ class _Stack:
         _say(f"stopped; data kept in {self.data_dir}")
         return status
 
+    def _own_data_dir(self, cleanup: contextlib.ExitStack) -> None:
+        """Lock the data dir for this run, and stop what an earlier run left running."""
+        lock = DirLock(self.data_dir / LOCK_FILE)
+        try:
+            lock.acquire()
+        except RuntimeError:
+            raise StartupError(
+                f"another `modelforge up` is running on {self.data_dir}; stop it, or choose "
+                "another data dir with MODELFORGE_DATA_DIR"
+            ) from None
+        cleanup.callback(lock.release)
+        for leftover in stop_leftovers(self.record.path):
+            _warn(f"stopped {leftover.name} (pid {leftover.pid}), left running by an earlier run")
+        # Last out: everything recorded has been stopped by then.
+        cleanup.callback(self.record.clear)
+
     def _database(self, cleanup: contextlib.ExitStack) -> str:
         if self.settings.database_url:
             _say(f"using PostgreSQL at {_redact(self.settings.database_url)}")
@@ -248,10 +284,12 @@ class _Stack:
         from stack.embedded_postgres import EmbeddedPostgres
 
         self.signals.check()
-        pg = EmbeddedPostgres(self.data_dir / "postgres")
+        pg = EmbeddedPostgres(self.data_dir / "postgres", die_with_parent=True)
         cleanup.callback(pg.stop)
         _say(f"starting PostgreSQL (data in {pg.pgdata}, log {pg.log_path})")
         pg.start()
+        # SIGINT: a fast shutdown, which also ends its backends (stack/embedded_postgres.py).
+        self.record.track("PostgreSQL", pg, signal.SIGINT)
         pg.ensure_database(DATABASE_NAME)
         self.supervisor.add("PostgreSQL", pg)
         return pg.url(DATABASE_NAME)
@@ -263,10 +301,11 @@ class _Stack:
         from stack.embedded_nats import EmbeddedNats
 
         self.signals.check()
-        nats = EmbeddedNats(self.data_dir / "nats")
+        nats = EmbeddedNats(self.data_dir / "nats", die_with_parent=True)
         cleanup.callback(nats.stop)
         _say(f"starting NATS JetStream (store in {nats.store_dir}, log {nats.log_path})")
         nats.start()
+        self.record.track("nats-server", nats, signal.SIGTERM)
         self.supervisor.add("nats-server", nats)
         return nats.url
 
@@ -291,6 +330,8 @@ class _Stack:
         while not self.signals.requested.wait(POLL_S):
             try:
                 self.supervisor.poll()
+                # A restarted child has a new pid.
+                self.record.refresh()
             except CrashLoop as exc:
                 _warn(f"{exc}; stopping everything")
                 return 1

@@ -17,25 +17,7 @@ import pytest
 
 from stack.ports import free_port
 from tests.flows import TOKENS
-from tests.up_process import StartUp, UpProcess
-
-# What tells each child apart in `ps`; the name `up` reports it by.
-CHILDREN: dict[str, Callable[[list[str]], bool]] = {
-    "modelforge api": lambda argv: argv[-2:] == ["cli.main", "api"],
-    "modelforge worker": lambda argv: argv[-2:] == ["cli.main", "worker"],
-    "nats-server": lambda argv: bool(argv) and argv[0].endswith("nats-server"),
-    "PostgreSQL": lambda argv: bool(argv) and argv[0].endswith("/postgres") and "-D" in argv,
-}
-
-
-def child_pid(up: UpProcess, name: str) -> int:
-    for proc in psutil.Process(up.proc.pid).children():
-        try:
-            if CHILDREN[name](proc.cmdline()):
-                return proc.pid
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no {name} among the children of up:\n{up.output}")
+from tests.up_process import CHILDREN, StartUp, UpProcess, child_pid
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, up: UpProcess) -> Any:
