@@ -59,12 +59,25 @@ def api_processes(
                 stop_process(proc, timeout_s=15)
 
 
-def routine_heartbeats(client: httpx.Client) -> float:
-    """Heartbeats this API answered from its node cache (its /metrics)."""
+def metric(client: httpx.Client, sample: str) -> float:
+    """One sample of this API's /metrics, named as written there (labels too); 0 if
+    it has none yet."""
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith('modelforge_heartbeats_total{path="routine"}'):
+        if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def routine_heartbeats(client: httpx.Client) -> float:
+    """Heartbeats this API answered from its node cache."""
+    return metric(client, 'modelforge_heartbeats_total{path="routine"}')
+
+
+def heartbeats_answered(client: httpx.Client) -> float:
+    """Heartbeats this API accepted, by either path."""
+    return routine_heartbeats(client) + metric(
+        client, 'modelforge_heartbeats_total{path="transactional"}'
+    )
 
 
 def answered_from_cache(client: httpx.Client, node: EnrolledNode) -> None:

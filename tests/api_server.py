@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from api.server import ApiServer, api_server
 from api.settings import ApiSettings
+from api.state import ApiState
 from tests.pipeline import RunningPipeline, settle
 
 OPERATOR_KEY = "test-operator-key-0123456789abcdef"
@@ -49,6 +51,15 @@ class RunningApi:
         """Wait for the workers' side of every change so far: audit rows, reconciliation
         (by the pipeline beside this API, or by worker processes the test runs)."""
         settle(self.settings.database_url, self.pipeline)
+
+    @property
+    def state(self) -> ApiState:
+        """What the in-process API holds (its node cache, its heartbeat buffer): for the
+        few tests that must look inside it, or hold something back from it."""
+        app = self.server.config.app
+        assert isinstance(app, FastAPI)
+        state: ApiState = app.state.modelforge
+        return state
 
     @property
     def admin_headers(self) -> dict[str, str]:

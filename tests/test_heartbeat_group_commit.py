@@ -17,7 +17,13 @@ from store.engine import make_engine, make_sessionmaker
 from store.liveness import LivenessThresholds
 from tests.admin_helpers import db_scalar
 from tests.agent.harness import wait_until
-from tests.api_processes import answered_from_cache, api_processes, enrolled, routine_heartbeats
+from tests.api_processes import (
+    answered_from_cache,
+    api_processes,
+    enrolled,
+    metric,
+    routine_heartbeats,
+)
 from tests.api_server import ApiFactory
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import admin_execute, run_async
@@ -53,11 +59,8 @@ async def sweep_once(database_url: str, thresholds: LivenessThresholds) -> list[
 
 
 def timestamps_flushed(client: httpx.Client) -> float:
-    """Routine heartbeats this API's group commit has written (its /metrics)."""
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith("modelforge_heartbeat_timestamps_flushed_total "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """Routine heartbeats this API's group commit has written."""
+    return metric(client, "modelforge_heartbeat_timestamps_flushed_total")
 
 
 def beat(client: httpx.Client, node: EnrolledNode) -> dict[str, Any]:

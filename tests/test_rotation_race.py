@@ -15,9 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
-from api.node_cache import NodeCache
 from schemas.protocol import AUDIT
 from tests.agent.harness import wait_until
 from tests.api_processes import REFUSALS, answered_from_cache, refuse
@@ -326,11 +324,8 @@ async def test_same_sequence_storm_accepts_exactly_one(api: RunningApi) -> None:
 def held_notifications(api: RunningApi, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The API's node cache gets no NOTIFY for the rest of the test: each one is kept
     here, unapplied. What it then refuses, it refuses without them (api/node_cache.py)."""
-    app = api.server.config.app
-    assert isinstance(app, FastAPI)  # the in-process test API (tests/api_server.py)
-    cache: NodeCache = app.state.modelforge.node_cache
     held: list[str] = []
-    monkeypatch.setattr(cache, "_on_payload", held.append)
+    monkeypatch.setattr(api.state.node_cache, "_on_payload", held.append)
     return held
 
 
