@@ -293,6 +293,7 @@ async def test_broker_outage_delays_events_and_loses_none(
     with relay_process(database_url, url, log) as relay:
         # 1. No broker at start-up: changes commit, events wait in the outbox.
         await run_stories(api, names("early", 3))
+        # A window in which the relay must neither die nor send: not a wait.
         await asyncio.sleep(1.0)
         assert relay.poll() is None, log.read_text()
         assert await unsent(database_url) == 3 * EVENTS_PER_STORY
@@ -458,7 +459,7 @@ async def test_relay_stops_promptly_while_broker_is_down(
     async with in_process_relay(database_url, url) as relay:
         stop = asyncio.Event()
         running = asyncio.create_task(relay.run(stop, poll_interval_s=0.05))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a window of failing connects it must outlive: no wait
         assert not running.done()
         started = time.monotonic()
         stop.set()

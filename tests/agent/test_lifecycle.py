@@ -152,7 +152,7 @@ def test_revoke_stops_publishing_then_rotation_is_installed(
     assert "rejected this node (revoked)" in log and "status=401" in log
     assert "code=credential_revoked" in log and "install-credential" in log
     stopped_at = heartbeat_at(api, node_id)
-    time.sleep(1.0)
+    time.sleep(1.0)  # a window for a heartbeat that must not come: not a wait
     assert heartbeat_at(api, node_id) == stopped_at
 
     # Rotation: the operator gets the credential once and installs it in the state dir.

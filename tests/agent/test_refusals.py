@@ -145,7 +145,7 @@ async def test_a_4xx_is_final_for_its_payload_and_the_next_payload_follows(
             await eventually(lambda: _true(len(accepted(TELEMETRY)) >= 2))
             await eventually(lambda: _true(len(accepted(HEARTBEAT)) >= 2))
             # The refused inventory is not sent again while it is unchanged...
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # a window for a resend that must not come: no wait
             assert [s.status for s in proxy.requests_to(INVENTORY)] == [422]
             # ...and a changed one is sent, with a higher sequence, and accepted.
             collector.visible = 1
