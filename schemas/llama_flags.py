@@ -104,6 +104,7 @@ TOKEN_COUNT: Final = Whole(0, _TOKENS)
 # -1: "the context size", "all", or "the default", as llama.cpp reads it.
 TOKEN_COUNT_OR_ALL: Final = Whole(-1, _TOKENS)
 THREADS: Final = Whole(-1, 4096)
+NGRAM: Final = Whole(1, 1024)
 
 
 # The flags a RuntimeProfile may carry, by the one spelling the wire accepts (the long
@@ -182,14 +183,14 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "xtc-probability": PROBABILITY,
     "xtc-threshold": PROBABILITY,
     "typical": PROBABILITY,
-    "repeat-last-n": TOKEN_COUNT_OR_ALL,
-    "repeat-penalty": Real(0.0, 100.0),
+    "repeat-last-n": TOKEN_COUNT,
+    "repeat-penalty": Real(0.01, 100.0),
     "presence-penalty": PENALTY,
     "frequency-penalty": PENALTY,
     "dry-multiplier": Real(0.0, 100.0),
     "dry-base": Real(0.0, 100.0),
     "dry-allowed-length": TOKEN_COUNT,
-    "dry-penalty-last-n": TOKEN_COUNT_OR_ALL,
+    "dry-penalty-last-n": TOKEN_COUNT,
     "adaptive-target": Real(-1.0, 1.0),
     "adaptive-decay": Real(0.0, 1.0),
     "dynatemp-range": Real(0.0, 100.0),
@@ -221,6 +222,7 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "reasoning-preserve": SWITCH,
     "no-reasoning-preserve": SWITCH,
     "skip-chat-parsing": SWITCH,
+    "no-skip-chat-parsing": SWITCH,
     "prefill-assistant": SWITCH,
     "no-prefill-assistant": SWITCH,
     # multimodal numbers (the projector itself is a file: refused)
@@ -229,15 +231,18 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "image-min-tokens": TOKEN_COUNT,
     "image-max-tokens": TOKEN_COUNT,
     "mtmd-batch-max-tokens": TOKEN_COUNT,
+    "video-fps": Real(0.0, 1_000.0),
+    "video-timestamp-interval": Whole(0, 3_600_000),
     # logging to the server's own log (never request bodies: `verbose` is refused)
     "log-disable": SWITCH,
     "log-colors": ON_OFF_AUTO,
     "log-prefix": SWITCH,
     "log-timestamps": SWITCH,
+    "no-log-prefix": SWITCH,
+    "no-log-timestamps": SWITCH,
+    "no-log-jsonl": SWITCH,
     "verbosity": Whole(0, 3),
     # speculative decoding's numbers (the draft model is an artifact: `draft_model`)
-    "draft-max": TOKEN_COUNT,
-    "draft-min": TOKEN_COUNT,
     "draft-p-min": PROBABILITY,
     "draft-p-split": PROBABILITY,
     "spec-draft-n-max": TOKEN_COUNT,
@@ -250,22 +255,20 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "cpu-moe-draft": SWITCH,
     "n-cpu-moe-draft": Whole(0, 100_000),
     "spec-draft-backend-sampling": SWITCH,
+    "no-spec-draft-backend-sampling": SWITCH,
     "spec-synth-len": TOKEN_COUNT,
-    "spec-ngram-size-n": Whole(0, 1024),
-    "spec-ngram-size-m": Whole(0, 1024),
-    "spec-ngram-min-hits": Whole(0, 1024),
     "spec-ngram-mod-n-min": Whole(0, 1024),
     "spec-ngram-mod-n-max": Whole(0, 1024),
-    "spec-ngram-mod-n-match": Whole(0, 1024),
-    "spec-ngram-simple-size-n": Whole(0, 1024),
-    "spec-ngram-simple-size-m": Whole(0, 1024),
-    "spec-ngram-simple-min-hits": Whole(0, 1024),
-    "spec-ngram-map-k-size-n": Whole(0, 1024),
-    "spec-ngram-map-k-size-m": Whole(0, 1024),
-    "spec-ngram-map-k-min-hits": Whole(0, 1024),
-    "spec-ngram-map-k4v-size-n": Whole(0, 1024),
-    "spec-ngram-map-k4v-size-m": Whole(0, 1024),
-    "spec-ngram-map-k4v-min-hits": Whole(0, 1024),
+    "spec-ngram-mod-n-match": NGRAM,
+    "spec-ngram-simple-size-n": NGRAM,
+    "spec-ngram-simple-size-m": NGRAM,
+    "spec-ngram-simple-min-hits": NGRAM,
+    "spec-ngram-map-k-size-n": NGRAM,
+    "spec-ngram-map-k-size-m": NGRAM,
+    "spec-ngram-map-k-min-hits": NGRAM,
+    "spec-ngram-map-k4v-size-n": NGRAM,
+    "spec-ngram-map-k4v-size-m": NGRAM,
+    "spec-ngram-map-k4v-min-hits": NGRAM,
 }
 
 
@@ -292,6 +295,8 @@ class Family(StrEnum):
     ACTION = "action"
     # Logs request and response bodies.
     BODIES = "bodies"
+    # Removed from llama.cpp (still in --help): the server would refuse to start.
+    REMOVED = "removed"
 
 
 def _family(family: Family, *names: str) -> dict[str, Family]:
@@ -304,6 +309,7 @@ REFUSED: Final[Mapping[str, Family]] = {
         Family.MANAGED,
         "m", "model", "a", "alias", "host", "port", "reuse-port", "path", "api-prefix",
         "dev", "device", "devd", "device-draft", "spec-draft-device", "list-devices",
+        "mmdev", "mmproj-device",
         "c", "ctx-size", "b", "batch-size", "ub", "ubatch-size", "t", "threads",
         "tb", "threads-batch", "ngl", "gpu-layers", "n-gpu-layers", "mg", "main-gpu",
         "ts", "tensor-split", "fa", "flash-attn", "metrics", "props", "slots", "no-slots",
@@ -315,7 +321,7 @@ REFUSED: Final[Mapping[str, Family]] = {
         "tools", "tools-runtime", "agent", "ag", "mcp-servers-config", "mcp-servers-json",
         "ui", "webui", "no-ui", "no-webui", "ui-config", "webui-config", "ui-config-file",
         "webui-config-file", "ui-mcp-proxy", "webui-mcp-proxy", "no-ui-mcp-proxy",
-        "no-webui-mcp-proxy",
+        "no-webui-mcp-proxy", "no-agent", "no-ag",
     ),
     **_family(
         Family.FILES,
@@ -324,15 +330,14 @@ REFUSED: Final[Mapping[str, Family]] = {
         "control-vector-scaled", "control-vector-layer-range", "chat-template-file",
         "slot-save-path", "media-path", "models-dir", "models-preset", "log-file",
         "log-prompts-dir", "ssl-key-file", "ssl-cert-file", "api-key-file",
-        "system-prompt-file",
     ),
     **_family(
         Family.NETWORK,
-        "mu", "model-url", "hf", "hfr", "hf-repo", "hff", "hf-file", "hfv", "hf-repo-v",
-        "hffv", "hf-file-v", "hft", "hf-token", "dr", "docker-repo", "hfd", "hfrd",
+        "mu", "model-url", "hf", "hfr", "hf-repo", "hff", "hf-file", "hft", "hf-token",
+        "dr", "docker-repo", "hfd", "hfrd",
         "hf-repo-draft", "spec-draft-hf", "mmu", "mmproj-url", "mmproj-auto",
         "no-mmproj-auto", "no-mmproj", "rpc", "cors-origins", "cors-methods",
-        "cors-headers", "cors-credentials", "cl", "cache-list",
+        "cors-headers", "cors-credentials", "no-cors-credentials", "cl", "cache-list",
         "embd-gemma-default", "fim-qwen-1.5b-default", "fim-qwen-3b-default",
         "fim-qwen-7b-default", "fim-qwen-7b-spec", "fim-qwen-14b-spec",
         "fim-qwen-30b-default", "gpt-oss-20b-default", "gpt-oss-120b-default",
@@ -359,9 +364,13 @@ REFUSED: Final[Mapping[str, Family]] = {
         "poll-batch-draft", "spec-draft-poll-batch",
     ),
     **_family(
-        Family.ACTION, "h", "help", "usage", "version", "completion-bash", "license",
+        Family.ACTION, "h", "help", "usage", "version", "completion-bash",
     ),
     **_family(Family.BODIES, "v", "verbose", "log-verbose", "log-jsonl"),
+    **_family(
+        Family.REMOVED, "draft", "draft-n", "draft-max", "draft-min", "draft-n-min",
+        "spec-ngram-size-n", "spec-ngram-size-m", "spec-ngram-min-hits",
+    ),
 }  # fmt: skip
 
 # Other spellings of allowed flags. The wire takes one spelling per flag, so a profile
@@ -380,6 +389,8 @@ ALIASES: Final[Mapping[str, str]] = {
     "kvo": "kv-offload",
     "nkvo": "no-kv-offload",
     "kvu": "kv-unified",
+    "no-kvu": "no-kv-unified",
+    "nr": "no-repack",
     "ctxcp": "ctx-checkpoints",
     "swa-checkpoints": "ctx-checkpoints",
     "cms": "checkpoint-min-step",
@@ -403,9 +414,6 @@ ALIASES: Final[Mapping[str, str]] = {
     "rea": "reasoning",
     "lv": "verbosity",
     "log-verbosity": "verbosity",
-    "draft": "draft-max",
-    "draft-n": "draft-max",
-    "draft-n-min": "draft-min",
     "spec-draft-p-min": "draft-p-min",
     "spec-draft-p-split": "draft-p-split",
     "td": "threads-draft",

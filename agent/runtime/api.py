@@ -1,22 +1,28 @@
 """The runtime worker's local OpenAI-compatible endpoints, in front of the device slots.
 
 Plain Starlette routes (no schema layer on this path): the body is passed through to
-llama-server as it came, with only `model` checked and rewritten to the served name.
+llama-server as it came, with only `model` checked and rewritten to the served name, and
+a `max_tokens` added when it has none (`default_max_tokens`).
 Errors use OpenAI's shape, `{"error": {"message", "type", "code"}}`:
 * unknown model → 404 `model_not_found`; a body that is not a JSON object → 400;
+  `max_tokens` above `max_tokens_ceiling` → 400 `max_tokens_too_large`;
 * the device's bound reached → 429 with Retry-After;
 * a server that is not ready within its startup timeout, or that died → 503 with
-  Retry-After (never an upstream "Loading model" passed through).
+  Retry-After (never an upstream "Loading model" passed through); the worker stopping
+  → 503 `stopping`.
 A streamed answer (`"stream": true`) is relayed chunk by chunk; the device stays held
-until its last chunk, so a model switch waits for it.
+until its last chunk, so a model switch waits for it. A client that disconnects, streamed
+or not, frees the device at once: its request on llama-server is cancelled (the
+connection to llama-server closed), or its wait in the device's line given up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
@@ -25,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agent.runtime.config import ModelSpec, RuntimeConfig
 from agent.runtime.devices import Busy
 from agent.runtime.server import ServerFailed
 from agent.runtime.worker import RuntimeWorker
@@ -54,6 +61,55 @@ def openai_error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# What a stream's client reads when llama-server fails or is stopped mid-answer: an
+# error event in OpenAI's shape, then the end, rather than a stream that just stops.
+STREAM_FAILED = (
+    b'data: {"error": {"message": "llama-server stopped mid-answer", '
+    b'"type": "server_error", "code": "upstream_unavailable"}}\n\n'
+)
+
+
+_MAX_TOKENS_KEYS = frozenset({"max_tokens", "max_completion_tokens"})
+
+
+def bound_max_tokens(body: dict[str, Any], config: RuntimeConfig) -> str | None:
+    """Give the request a bound (the configured default) when it has none; a refusal
+    when it asks for more than the ceiling or for no bound at all (-1)."""
+    asked = [body[key] for key in _MAX_TOKENS_KEYS if key in body]
+    if not asked:
+        body["max_tokens"] = config.default_max_tokens
+        return None
+    ceiling = config.max_tokens_ceiling
+    for value in asked:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+            return f"max_tokens must be an integer from 1 to {ceiling} on this node"
+    return None
+
+
+async def until_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """`work`'s response, or its cancellation as soon as the client disconnects (the
+    body has been read, so the only message left to receive is the disconnect)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        logger.info("a client left before its answer; its request was cancelled")
+        return Response(status_code=499)  # nobody reads it
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlette:
     async def models(request: Request) -> Response:
         data = [
@@ -72,6 +128,10 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
         return JSONResponse({"status": "ok"})
 
     async def chat_completions(request: Request) -> Response:
+        if worker.stopping.is_set():
+            return openai_error(
+                503, "the runtime worker is stopping", "stopping", retry_after_s=RETRY_BUSY_S
+            )
         raw = await request.body()
         try:
             body: Any = json.loads(raw)
@@ -86,9 +146,20 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             return openai_error(
                 404, f"model {body['model']!r} is not served here", "model_not_found"
             )
-        if body["model"] != model.served_name:
+        unbounded = not _MAX_TOKENS_KEYS & body.keys()
+        refusal = bound_max_tokens(body, worker.config)
+        if refusal is not None:
+            return openai_error(400, refusal, "max_tokens_too_large")
+        # Re-serialised only when it changed: that costs the hot path.
+        if body["model"] != model.served_name or unbounded:
             body["model"] = model.served_name
             raw = json.dumps(body).encode()
+        # Until the answer (or the stream's start) is under way, a client that leaves
+        # gives up its place: its wait for the device, or its request on llama-server,
+        # is cancelled at once. A stream's relay is cancelled by Starlette itself.
+        return await until_disconnected(request, answer(model, raw, bool(body.get("stream"))))
+
+    async def answer(model: ModelSpec, raw: bytes, stream: bool) -> Response:
         slot = worker.slot_for(model)
         held = contextlib.AsyncExitStack()
         try:
@@ -98,14 +169,20 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
         except ServerFailed as exc:
             logger.warning("%s on %s: %s (%s)", model.model_id, slot.device.id, exc.code, exc)
             return openai_error(503, exc.detail, exc.code, retry_after_s=RETRY_NOT_READY_S)
+        except BaseException:
+            await held.aclose()
+            raise
         try:
             upstream = await server.relay.post(LOCAL_CHAT_COMPLETIONS, data=raw, headers=_JSON)
         except aiohttp.ClientError as exc:
             await held.aclose()
             detail = f"llama-server did not answer ({type(exc).__name__})"
             return openai_error(503, detail, "upstream_unavailable", retry_after_s=RETRY_BUSY_S)
+        except BaseException:
+            await held.aclose()
+            raise
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
-        if not body.get("stream"):
+        if not stream:
             try:
                 content = await upstream.read()
             except aiohttp.ClientError:
@@ -113,7 +190,9 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
                     503, "llama-server failed mid-answer", "upstream_unavailable", retry_after_s=1
                 )
             finally:
-                upstream.release()
+                # Closed, not released, when the body did not arrive whole (a client
+                # that left): the connection's end is what stops llama-server's work.
+                upstream.close()
                 await held.aclose()
             return Response(content, status_code=upstream.status, headers=headers)
 
@@ -123,8 +202,9 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
                     yield chunk
             except aiohttp.ClientError:
                 logger.warning("%s: llama-server failed mid-stream", slot.device.id)
+                yield STREAM_FAILED
             finally:
-                upstream.release()
+                upstream.close()
                 await held.aclose()
 
         return StreamingResponse(relay(), status_code=upstream.status, headers=headers)

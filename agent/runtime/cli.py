@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -66,18 +67,31 @@ async def _serve(config: RuntimeConfig) -> int:
         log_level="warning",
         access_log=False,
         lifespan="off",
+        # A backstop only: the grace below ends every request first.
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + 5,
     )
     server = uvicorn.Server(server_config)
-    # Our own handlers: stop serving, then stop the llama-servers, in that order.
-    # (uvicorn's would re-raise the signal after serving, ending the process before
-    # the servers are stopped.)
+    # Our own handlers: stop taking requests, give those in flight the grace, then stop
+    # the llama-servers (which ends what is still in flight with a clean error), in
+    # that order. uvicorn's would wait for requests without a bound, and re-raise the
+    # signal after serving, ending the process before the servers are stopped.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    overdue: list[asyncio.Task[None]] = []
+
+    async def stop_servers_after(grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        logger.info("stopping every llama-server (the shutdown grace has passed)")
+        await worker.close()
 
     def shut_down() -> None:
+        # A second signal does not wait for the grace.
+        grace = 0.0 if worker.stopping.is_set() else config.shutdown_grace_s
+        worker.stopping.set()
         server.should_exit = True
         stop.set()
+        overdue.append(asyncio.create_task(stop_servers_after(grace)))
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, shut_down)
@@ -91,6 +105,9 @@ async def _serve(config: RuntimeConfig) -> int:
         await server.serve()
     finally:
         stop.set()
+        for task in overdue:
+            task.cancel()  # a close under way goes on: it is shielded
+        await asyncio.gather(*overdue, return_exceptions=True)
         await asyncio.gather(*tasks)
         await worker.close()
     return 0 if server.started else 1

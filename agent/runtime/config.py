@@ -96,6 +96,9 @@ class RuntimeConfig(YamlSettings):
     report_interval_s: float = Field(default=30.0, gt=0)
     job_poll_interval_s: float = Field(default=5.0, gt=0)
     llama_server_path: Path
+    # Where the files a runtime job loads may be (the agent's artifact_roots); empty:
+    # wherever the control plane's artifact inventory says, as a regular file.
+    artifact_roots: list[Path] = Field(default_factory=list, max_length=16)
     # The models the local endpoints serve (none: a worker that only runs probes).
     models: list[ModelSpec] = Field(default_factory=list, max_length=256)
     backends: list[Backend] = Field(default_factory=_cpu_only, min_length=1)
@@ -112,6 +115,14 @@ class RuntimeConfig(YamlSettings):
     llama_server_probe_interval_s: float = Field(default=0.5, gt=0)
     llama_server_stop_grace_s: float = Field(default=10.0, gt=0)
     max_pending_requests_per_device: int = Field(default=2, ge=1, le=10_000)
+    # A chat completion without max_tokens gets this many at most; one asking for more
+    # than the ceiling is refused (400). A request without a bound holds its device
+    # until the model stops by itself, which a small model may never do.
+    default_max_tokens: int = Field(default=512, ge=1, le=1_000_000)
+    max_tokens_ceiling: int = Field(default=8192, ge=1, le=1_000_000)
+    # On SIGTERM: new requests are refused at once (503); those in flight get this long
+    # to finish, then end with a clean error, and every llama-server is stopped.
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=3600)
     # After an unload, wait (at most this long) for the device's memory to be freed.
     unload_settle_timeout_s: float = Field(default=30.0, ge=0)
     # RoleMesh compatibility: register and heartbeat to a dispatcher, if set.
@@ -127,6 +138,12 @@ class RuntimeConfig(YamlSettings):
         if len(names) != len(set(names)):
             raise ValueError("model_id values must be unique")
         return value
+
+    @model_validator(mode="after")
+    def _max_tokens(self) -> RuntimeConfig:
+        if self.default_max_tokens > self.max_tokens_ceiling:
+            raise ValueError("default_max_tokens must not exceed max_tokens_ceiling")
+        return self
 
     @model_validator(mode="after")
     def _control_plane(self) -> RuntimeConfig:

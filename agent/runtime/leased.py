@@ -78,16 +78,20 @@ class LeasedRun:
 
     async def run(self) -> str:
         reporter = asyncio.create_task(self._keep_lease())
+        failure: Failed | None = None
         try:
             report = await self.work()
         except Cancelled:
-            return await self._fail(Failed(RuntimeFailure.CANCELLED, "cancelled"))
-        except Failed as failure:
-            return await self._fail(failure)
+            failure = Failed(RuntimeFailure.CANCELLED, "cancelled")
+        except Failed as failed:
+            failure = failed
         finally:
+            # No progress report after the terminal one: the lease keeping ends first.
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+        if failure is not None:
+            return await self._fail(failure)
         if self.lost.is_set():
             return "lease lost"
         try:

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,26 @@ def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
         if any(mark in lora.path for mark in ',:"\n'):
             raise Failed(RuntimeFailure.PROFILE_REFUSED, "a LoRA path llama.cpp cannot take")
     return settings
+
+
+def model_file(named: str, roots: list[Path]) -> Path:
+    """A file the lease names, if it may be loaded: an absolute path without `..`, a
+    regular file (not a link, a device or a FIFO), and inside one of the worker's
+    `artifact_roots` when it has any. The control plane resolved it from the node's
+    artifact inventory; the node does not take its word for where that is."""
+    path = Path(named)
+    if not path.is_absolute() or ".." in path.parts:
+        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{named} is not an absolute, plain path")
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} does not exist") from None
+    if not stat.S_ISREG(mode):
+        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is not a regular file")
+    resolved = path.resolve()
+    if roots and not any(resolved.is_relative_to(root.resolve()) for root in roots):
+        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is outside the artifact roots")
+    return path
 
 
 def peak_rss_bytes(pid: int | None) -> int | None:
@@ -142,9 +163,7 @@ class ProbeRun(LeasedRun):
         files += [self.spec.draft_model] if self.spec.draft_model else []
         files += self.spec.loras
         for file in files:
-            path = Path(file.path)
-            if not path.is_file():
-                raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} does not exist")
+            path = model_file(file.path, self.worker.config.artifact_roots)
             if sha256_of(path) != file.sha256:
                 raise Failed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs")
 
@@ -153,7 +172,8 @@ class ProbeRun(LeasedRun):
         body = {
             "model": server.model.served_name,
             "messages": [{"role": "user", "content": self.spec.prompt}],
-            "max_tokens": self.spec.max_tokens,
+            # The lease's probe input is fixed; the node's ceiling bounds it anyway.
+            "max_tokens": min(self.spec.max_tokens, self.worker.config.max_tokens_ceiling),
             "temperature": 0,
             "stream": True,
         }

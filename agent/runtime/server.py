@@ -191,7 +191,12 @@ class LlamaServer:
         argv = server_argv(self.binary, self.model, self.port)
         self.log_path.write_bytes(b"")  # this start's log only
         started = time.monotonic()
-        self._process = start_process(argv, log_path=self.log_path, env=env)
+        # Dies with the worker, however the worker dies: a SIGKILLed worker must not
+        # leave a server holding the device's memory. (Started from the event loop's
+        # thread, which lives as long as the worker: the signal follows that thread.)
+        self._process = start_process(
+            argv, log_path=self.log_path, env=env, parent_death_signal=signal.SIGKILL
+        )
         write_pidfile(self.pidfile, self._process.pid, self.binary, self.port)
         logger.info(
             "llama-server for %s on %s started (pid %d, port %d)",

@@ -34,6 +34,9 @@ class RuntimeWorker:
         )
         # Set whenever a device loads or unloads a model (the runtime report follows).
         self.changed = asyncio.Event()
+        # Set when the worker begins to stop: the local API takes no new request.
+        self.stopping = asyncio.Event()
+        self._closing: asyncio.Future[None] | None = None
         self.slots = [
             DeviceSlot(device, owner, settings, self.changed)
             for owner in self.backends
@@ -103,6 +106,13 @@ class RuntimeWorker:
         )
 
     async def close(self) -> None:
+        """Stop every llama-server. The shutdown grace and the exit both call it: one
+        close runs, shielded, and every caller waits for it to end."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         await asyncio.gather(*(slot.close() for slot in self.slots))
         for owner in self.backends:
             owner.close()

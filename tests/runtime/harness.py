@@ -91,7 +91,7 @@ class RuntimeProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60, trust_env=False, **kwargs)
+        return httpx.Client(base_url=self.url, trust_env=False, **{"timeout": 60, **kwargs})
 
     def server_pid(self, device: str = "cpu") -> int | None:
         """The pid of the device's llama-server, from the worker's pidfile."""

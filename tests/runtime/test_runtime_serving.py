@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import openai
 import psutil
 import pytest
 
+from agent.runtime.server import write_pidfile
 from tests.agent.harness import wait_until
 from tests.runtime.harness import RuntimeProcess, alive, chat, model_entry
 
@@ -194,19 +196,25 @@ def test_a_switch_waits_for_the_request_in_flight(
     assert "switch" in runtime.output
 
 
-def test_no_server_outlives_a_killed_worker_once_it_restarts(
-    runtimes: StartRuntime, one_model: dict[str, Any]
+def test_a_leftover_server_is_reaped_when_the_worker_starts(
+    runtimes: StartRuntime, one_model: dict[str, Any], llama_server: Path, instruct_model: Path
 ) -> None:
+    """A server whose worker died without taking it along (its parent-death signal is
+    Linux's; an earlier version had none) is found by its pidfile and stopped."""
     runtime = runtimes(**one_model)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
-    orphan = runtime.server_pid()
-    assert orphan is not None
-    runtime.kill()  # SIGKILL: no chance to stop its server
-    assert alive(orphan), "a SIGKILLed worker leaves its server (its own process group)"
-    runtime.start()
-    wait_until(lambda: not alive(orphan), 15, "the leftover server to be reaped")
-    assert "reaped a leftover llama-server" in runtime.output
+    runtime.stop()
+    argv = [str(llama_server), "--model", str(instruct_model), "--host", "127.0.0.1",
+            "--port", "0", "--ctx-size", "256", "--threads", "1"]  # fmt: skip
+    orphan = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              process_group=0)  # fmt: skip
+    try:
+        write_pidfile(runtime.run_dir / "llama-server-cpu.json", orphan.pid, llama_server, 0)
+        runtime.start()
+        wait_until(lambda: orphan.poll() is not None, 15, "the leftover server to be reaped")
+        assert "reaped a leftover llama-server" in runtime.output
+    finally:
+        orphan.kill()
+        orphan.wait(timeout=10)
 
 
 def test_an_unsupported_backend_is_one_clear_line(

@@ -1,0 +1,43 @@
+"""A file a runtime lease names is loaded only if it is a plain, regular file, inside the
+runtime worker's artifact roots when it has any (agent/runtime/probe.py: model_file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.leased import Failed
+from agent.runtime.probe import model_file
+
+
+def test_a_regular_file_inside_a_root_is_taken(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "acme").mkdir(parents=True)
+    (root / "acme" / "m.gguf").write_bytes(b"gguf")
+    assert model_file(str(root / "acme" / "m.gguf"), [root]) == root / "acme" / "m.gguf"
+    assert model_file(str(root / "acme" / "m.gguf"), []) == root / "acme" / "m.gguf"
+
+
+@pytest.mark.parametrize("case", ["relative", "dotdot", "link", "directory", "fifo", "outside",
+                                  "missing"])  # fmt: skip
+def test_anything_else_is_refused(tmp_path: Path, case: str) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not a model")
+    named = {
+        "relative": "models/m.gguf",
+        "dotdot": f"{root}/../secret",
+        "link": f"{root}/link.gguf",
+        "directory": str(root),
+        "fifo": f"{root}/fifo.gguf",
+        "outside": str(secret),
+        "missing": f"{root}/absent.gguf",
+    }[case]
+    (root / "link.gguf").symlink_to(secret)
+    os.mkfifo(root / "fifo.gguf")
+    with pytest.raises(Failed) as refused:
+        model_file(named, [root])
+    assert refused.value.code == "artifact_missing"
