@@ -54,8 +54,8 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             channel(listening, credential) as mine,
             channel(listening, other_credential) as theirs,
         ):
-            # Both channels are registered before the job exists (the relay is fast).
-            await asyncio.sleep(0.5)
+            # Both channels are registered before the job exists: `channel` returns once
+            # the first line arrived, which the API sends after registering the node.
             job = operator.post(
                 ARTIFACT_JOBS,
                 json={"node_id": node_id, "target_root": ROOT, "manifest": MANIFEST},
@@ -74,7 +74,7 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             assert cancel.status_code == 200, cancel.text
             note = await asyncio.wait_for(mine.notes.get(), 10)
             assert note == {"event": "job.cancel_requested", "job_id": job_id}
-            # The other node heard nothing of it.
+            # The other node heard nothing of it (a window for what must not arrive).
             await asyncio.sleep(0.5)
             assert theirs.notes.empty()
     assert other_id != node_id

@@ -115,7 +115,8 @@ def supervise(processes: int, threads: int) -> int:
         argv += ["--threads", str(threads)]
         env = {**os.environ, PROCESS_INDEX_ENV: str(index)}
         # Longer than a worker's drain (Worker.stop waits up to 30 s for in-flight actors).
-        child = ChildProcess(argv, env, stop_timeout_s=40)
+        # Tied to this supervisor: a SIGKILLed one must not leave its workers running.
+        child = ChildProcess(argv, env, stop_timeout_s=40, parent_death_signal=signal.SIGTERM)
         child.start()
         children.append(child)
         supervisor.add(f"worker {index}", child)
