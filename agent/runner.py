@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -71,6 +72,18 @@ def timing_of(config: AgentConfig) -> Timing:
     )
 
 
+def warn_missing_roots(roots: list[str]) -> None:
+    """A root is offered in the inventory whether or not it exists (an operator may
+    mount it later); a job for a missing one fails `path_not_allowed`, so say it now."""
+    for root in roots:
+        if not Path(root).is_dir():
+            logger.warning(
+                "artifact root %s does not exist or is not a directory: artifact jobs for "
+                "it fail (path_not_allowed) until it is created",
+                root,
+            )
+
+
 class _Refused(Exception):
     """Enrollment was refused; already logged."""
 
@@ -103,6 +116,7 @@ class Agent:
             logger.warning("api_url is plain http: use https with a CA bundle outside development")
             if config.ca_bundle or config.client_cert:
                 logger.warning("ca_bundle/client_cert are not used with a plain http api_url")
+        warn_missing_roots(config.artifact_roots)
         try:
             tls = config.tls
             http = make_http_client(
