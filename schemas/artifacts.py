@@ -185,6 +185,15 @@ class ArtifactProgressView(WireModel):
     reported_at: datetime
 
 
+class ArtifactResult(WireModel):
+    """What a completed acquisition established: the verified files are now at
+    `{root}/{repository}/{commit}/…`, an entry of the node's artifact inventory."""
+
+    root: str
+    repository: str
+    commit: str
+
+
 class LeaseView(WireModel):
     epoch: int
     expires_at: datetime

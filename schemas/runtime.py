@@ -370,6 +370,32 @@ RuntimeComplete = Annotated[
 ]
 
 
+class ProbeResult(WireModel):
+    """What a completed runtime.probe.v1 job measured (the latest per node, device,
+    artifact, profile and environment is also its evidence, EvidenceView)."""
+
+    device_id: str
+    health: ProbeHealth
+    evidence: ProbeEvidence
+
+
+class HealthResult(WireModel):
+    """What a completed runtime.health.v1 job found on the device."""
+
+    device_id: str
+    health: ProbeHealth
+    loaded_model: str | None = None
+
+
+class UnloadResult(WireModel):
+    """What a completed runtime.unload.v1 job stopped, and how long the device took to
+    show its memory freed (None: nothing was loaded)."""
+
+    device_id: str
+    unloaded_model: str | None = None
+    settle_s: float | None = None
+
+
 class ProbeOutcome(WireModel):
     job_id: uuid.UUID
     state: JobState

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.artifacts import (
     ArtifactFile,
     ArtifactManifest,
+    ArtifactResult,
     ArtifactSpec,
     CompleteReport,
     JobTarget,
@@ -179,7 +180,8 @@ async def complete(
             set_={"files": files, "job_id": job.id, "recorded_at": now},
         )
     )
-    leases.complete(session, job, now, actor=actor)
+    result = ArtifactResult(root=spec.target_root, repository=spec.repository, commit=spec.commit)
+    leases.complete(session, job, now, result=result, actor=actor)
     return []
 
 

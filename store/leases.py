@@ -34,7 +34,7 @@ from schemas.base import WireModel
 from schemas.errors import ErrorCode
 from schemas.events import EventType, JobEvent
 from schemas.jobs import FailureCode, JobKind, JobState, Lease, LeaseFence
-from store import changes
+from store import changes, results
 from store.errors import Missing, NotOwned, Refused
 from store.models import Job
 from store.nodes import now as database_now
@@ -209,7 +209,12 @@ def _finish(job: Job, state: JobState, now: datetime) -> None:
     job.finished_at = now
 
 
-def complete(session: AsyncSession, job: Job, now: datetime, *, actor: str) -> None:
+def complete(
+    session: AsyncSession, job: Job, now: datetime, *, result: WireModel, actor: str
+) -> None:
+    """The job succeeded: its result (the kind's model, store/results.py) is recorded
+    with the completion, never left in progress."""
+    results.record(job, result)
     _finish(job, JobState.SUCCEEDED, now)
     job.failure_code = job.failure_retryable = job.failure_detail = None
     changes.record(session, EventType.JOB_COMPLETED, event(job), actor=actor)

@@ -265,6 +265,8 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None]
     cancel_requested_at: Mapped[datetime | None]
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # What a completed job established, typed per kind (store/results.py).
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     failure_code: Mapped[str | None] = mapped_column(String(64))
     failure_retryable: Mapped[bool | None] = mapped_column(Boolean)
     failure_detail: Mapped[str | None] = mapped_column(String(500))

@@ -24,12 +24,15 @@ from schemas.runtime import (
     DeviceSpec,
     EnvironmentReport,
     HealthComplete,
+    HealthResult,
     LlamaSettings,
     ProbeComplete,
     ProbeCreate,
+    ProbeResult,
     ProbeSpec,
     ResolvedLora,
     UnloadComplete,
+    UnloadResult,
     VerifiedFile,
 )
 from schemas.runtime_local import RuntimeReport
@@ -256,9 +259,9 @@ async def complete(
     *,
     actor: str,
 ) -> None:
-    """The report must be of the job's kind (422 otherwise): a probe's evidence is
-    stored per (node, device, artifact, profile, environment); a health or unload job's
-    report becomes its result."""
+    """The report must be of the job's kind (422 otherwise) and becomes its result; a
+    probe's evidence is also stored per (node, device, artifact, profile,
+    environment)."""
     if report.kind != job.kind:
         raise Invalid(
             f"this is a {job.kind} job; the report is a {report.kind} one",
@@ -267,9 +270,18 @@ async def complete(
     if isinstance(report, ProbeComplete):
         await complete_probe(session, job, report, now, actor=actor)
         return
-    result = report.model_dump(mode="json", exclude={"kind", "lease"})
-    job.progress = {**(job.progress or {}), "result": result}
-    leases.complete(session, job, now, actor=actor)
+    result: HealthResult | UnloadResult
+    if isinstance(report, HealthComplete):
+        result = HealthResult(
+            device_id=report.device_id, health=report.health, loaded_model=report.loaded_model
+        )
+    else:
+        result = UnloadResult(
+            device_id=report.device_id,
+            unloaded_model=report.unloaded_model,
+            settle_s=report.settle_s,
+        )
+    leases.complete(session, job, now, result=result, actor=actor)
 
 
 async def complete_probe(
@@ -311,7 +323,8 @@ async def complete_probe(
             },
         )
     )
-    leases.complete(session, job, now, actor=actor)
+    result = ProbeResult(device_id=report.device_id, health=report.health, evidence=report.evidence)
+    leases.complete(session, job, now, result=result, actor=actor)
 
 
 async def evidence(session: AsyncSession, node_id: uuid.UUID | None) -> list[RuntimeEvidence]:

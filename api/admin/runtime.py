@@ -85,7 +85,7 @@ def probe_view(job: Job) -> ProbeView:
         node_id=job.node_id,
         state=JobState(job.state),
         spec=runtime.spec_of(job),
-        result=(job.progress or {}).get("result"),
+        result=job.result,
         attempt=job.attempt,
         max_attempts=job.max_attempts,
         available_at=job.available_at,
