@@ -250,26 +250,28 @@ class ProtocolClient:
     async def put_runtime(self, report: RuntimeReport) -> IngestResult:
         return await self._call("PUT", RUNTIME, report, IngestResult)
 
-    async def claim_runtime_probe(self) -> ProbeClaim | DeviceJobClaim | None:
-        """The next runtime job (probe, health or unload) and its lease; None when there
-        is nothing to do (204)."""
+    async def claim_runtime_job(self) -> ProbeClaim | DeviceJobClaim | None:
+        """The next runtime job (any runtime kind) and its lease; None when there is
+        nothing to do (204)."""
         response = await self._send("GET", RUNTIME_PROBES_NEXT, None)
         if response.status_code == 204:
             return None
         claim = _parse(RuntimeClaimAnswer, response, "GET", RUNTIME_PROBES_NEXT)
         return claim.root
 
-    async def probe_progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer:
+    async def runtime_job_progress(
+        self, job_id: uuid.UUID, report: ProbeProgress
+    ) -> ProgressAnswer:
         path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
         return await self._call("POST", path, report, ProgressAnswer)
 
-    async def complete_probe(
+    async def complete_runtime_job(
         self, job_id: uuid.UUID, report: ProbeComplete | HealthComplete | UnloadComplete
     ) -> ProbeOutcome:
         path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
         return await self._call("POST", path, report, ProbeOutcome)
 
-    async def fail_probe(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
+    async def fail_runtime_job(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
         return await self._call(
             "POST", RUNTIME_PROBE_FAIL.format(job_id=job_id), report, FailAnswer
         )

@@ -34,15 +34,16 @@ from agent.errors import (
     Transient,
     advice_for,
 )
-from agent.jobs.artifact import ArtifactSettings
-from agent.jobs.loop import artifact_jobs
+from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.jobs.loop import claim_loop
 from agent.jobs.sweep import StagingSweep
-from agent.jobs.wakeups import listen
+from agent.jobs.wakeups import Wakeups, listen
 from agent.publisher import Publisher, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
 from agent.sources.hub import HubSource, source_session
 from agent.state import Identity, Sequences, StateDir
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest
+from schemas.jobs import JobKind
 
 logger = logging.getLogger("modelforge.agent")
 
@@ -204,25 +205,35 @@ class Agent:
                 stall_s=config.artifact_stall_s,
                 progress_interval_s=config.artifact_progress_interval_s,
             )
-            wake = asyncio.Event()
+            sweep = StagingSweep(
+                client,
+                list(config.artifact_roots),
+                period_s=config.artifact_staging_sweep_s,
+                max_age_s=config.artifact_staging_max_age_s,
+            )
+            reports = ArtifactReports(client)
+
+            async def next_job() -> ArtifactJob | None:
+                claim = await client.claim_artifact_job()
+                if claim is None:
+                    return None
+                logger.info("claimed artifact job %s (attempt %d)", claim.job_id, claim.attempt)
+                return ArtifactJob(claim, reports, source, settings)
+
+            wakeups = Wakeups()
             tasks = [
                 asyncio.create_task(
-                    artifact_jobs(
-                        client,
-                        source,
-                        settings,
+                    claim_loop(
+                        "artifact jobs",
+                        next_job,
                         done,
                         poll_s=config.job_poll_interval_s,
-                        wake=wake,
-                        sweep=StagingSweep(
-                            client,
-                            list(config.artifact_roots),
-                            period_s=config.artifact_staging_sweep_s,
-                            max_age_s=config.artifact_staging_max_age_s,
-                        ),
+                        wake=wakeups.loop_for([JobKind.ARTIFACT_ACQUIRE]),
+                        # Between jobs: only then is no staging in use.
+                        between=sweep.when_due,
                     )
                 ),
-                asyncio.create_task(listen(client, wake, done)),
+                asyncio.create_task(listen(client, wakeups, done)),
             ]
             try:
                 return await publisher.run(stop)

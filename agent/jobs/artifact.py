@@ -29,10 +29,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from agent.errors import RequestFailed, Transient
+from agent.client import ProtocolClient
 from agent.jobs.lanes import Lanes
+from agent.jobs.lease import Failed, LeasedJob, Reports
 from agent.jobs.paths import (
     PathNotAllowed,
     allowed_root,
@@ -62,10 +62,6 @@ from schemas.jobs import (
 
 logger = logging.getLogger("modelforge.agent.jobs")
 
-# At most this long for a progress report in flight to be answered before the terminal
-# report goes out (the client's own timeout bounds it too); then it is abandoned.
-SETTLE_WAIT_S = 15.0
-
 
 @dataclass(frozen=True)
 class ArtifactSettings:
@@ -80,32 +76,20 @@ class ArtifactSettings:
     reserve_check_bytes: int = 64 << 20
 
 
-class JobReports(Protocol):
-    """The control plane's side of a job (agent/client.py: ProtocolClient)."""
+class ArtifactReports:
+    """The artifact kind's report calls (agent/jobs/lease.py: Reports)."""
 
-    async def artifact_progress(
-        self, job_id: uuid.UUID, report: ProgressReport
-    ) -> ProgressAnswer: ...
-    async def complete_artifact_job(
-        self, job_id: uuid.UUID, report: CompleteReport
-    ) -> CompleteAnswer: ...
-    async def fail_artifact_job(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer: ...
+    def __init__(self, client: ProtocolClient) -> None:
+        self.client = client
 
+    async def progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
+        return await self.client.artifact_progress(job_id, report)
 
-class Failed(Exception):
-    def __init__(self, code: FailureCode, retryable: bool, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.retryable = retryable
-        self.detail = detail
+    async def complete(self, job_id: uuid.UUID, report: CompleteReport) -> CompleteAnswer:
+        return await self.client.complete_artifact_job(job_id, report)
 
-
-class Cancelled(Exception):
-    """The operator cancelled the job (the answer to a progress report said so)."""
-
-
-class LeaseLost(Exception):
-    """The control plane no longer takes reports under this lease: stop, keep partials."""
+    async def fail(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
+        return await self.client.fail_artifact_job(job_id, report)
 
 
 @dataclass
@@ -143,51 +127,32 @@ class Progress:
         )
 
 
-class ArtifactJob:
+class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
+    cancelled_code = FailureCode.CANCELLED
+
     def __init__(
         self,
         claim: ArtifactClaim,
-        reports: JobReports,
+        reports: Reports[ProgressReport, CompleteReport, FailReport],
         source: HubSource,
         settings: ArtifactSettings,
     ) -> None:
         self.claim = claim
         self.spec = claim.spec
-        self.reports = reports
         self.source = source
         self.settings = settings
-        self.fence = LeaseFence(lease_id=claim.lease.lease_id, epoch=claim.lease.epoch)
         self.progress = Progress({f.path: f.size for f in self.spec.files})
-        self.cancelled = asyncio.Event()
-        self.lost = asyncio.Event()
-        # Set once the job's end is decided: no progress report starts after it.
-        self.settling = asyncio.Event()
-        self.name = f"job {claim.job_id} ({self.spec.repository}@{self.spec.commit[:12]})"
+        super().__init__(
+            claim.job_id,
+            claim.lease,
+            reports,
+            name=f"job {claim.job_id} ({self.spec.repository}@{self.spec.commit[:12]})",
+            report_every_s=settings.progress_interval_s,
+        )
 
-    async def run(self) -> str:
-        """Do the job and report its end; the outcome as a word (for the log and tests).
-
-        The progress reporter is stopped, and its report in flight answered, before the
-        terminal report goes out: once a job is settled nothing more is reported on it."""
-        reporter = asyncio.create_task(self._report_progress())
-        try:
-            await self._acquire()
-        except Cancelled:
-            await self._stop_reporting(reporter)
-            self._remove_staging()
-            return await self._fail(Failed(FailureCode.CANCELLED, False, "cancelled"))
-        except LeaseLost:
-            await self._stop_reporting(reporter)
-            logger.warning("%s: the lease was lost; stopping (partial files kept)", self.name)
-            return "lease lost"
-        except Failed as failure:
-            await self._stop_reporting(reporter)
-            if not failure.retryable:
-                self._remove_staging()
-            return await self._fail(failure)
-        finally:
-            await self._stop_reporting(reporter)
-        return await self._complete()
+    async def work(self) -> CompleteReport:
+        await self._acquire()
+        return CompleteReport(lease=self.fence, files=list(self.spec.files))
 
     # ------------------------------------------------------------------ the work
 
@@ -199,9 +164,11 @@ class ArtifactJob:
             no_symlinks_below(root, final)
             no_symlinks_below(root, staging)
         except PathNotAllowed as exc:
-            raise Failed(FailureCode.PATH_NOT_ALLOWED, False, str(exc)) from None
+            raise Failed(FailureCode.PATH_NOT_ALLOWED, str(exc), retryable=False) from None
         if not root.is_dir():
-            raise Failed(FailureCode.PATH_NOT_ALLOWED, False, "the target root does not exist")
+            raise Failed(
+                FailureCode.PATH_NOT_ALLOWED, "the target root does not exist", retryable=False
+            )
         pending: list[tuple[ArtifactFile, Path, Path]] = []
         for file in self.spec.files:
             try:
@@ -209,7 +176,7 @@ class ArtifactJob:
                 no_symlinks_below(root, target)
                 no_symlinks_below(root, staged)
             except PathNotAllowed as exc:
-                raise Failed(FailureCode.PATH_NOT_ALLOWED, False, str(exc)) from None
+                raise Failed(FailureCode.PATH_NOT_ALLOWED, str(exc), retryable=False) from None
             if await self._already_there(target, file):
                 self.progress.set(file.path, file.size)
                 continue
@@ -235,9 +202,9 @@ class ArtifactJob:
         if free - remaining < self.spec.reserve.min_free_bytes:
             raise Failed(
                 FailureCode.INSUFFICIENT_SPACE,
-                False,
                 f"{free} bytes free, {remaining} still to write, "
                 f"{self.spec.reserve.min_free_bytes} must stay free",
+                retryable=False,
             )
 
     async def _fetch(
@@ -270,23 +237,28 @@ class ArtifactJob:
         except SourceFailed as failure:
             if failure.code is FailureCode.SIZE_MISMATCH:
                 staged.discard()  # a stale staged part: start it over next time
-            raise Failed(failure.code, failure.retryable, failure.detail) from None
+            raise Failed(failure.code, failure.detail, retryable=failure.retryable) from None
         except OSError as exc:  # the staged file could not be written
             code = (
                 FailureCode.INSUFFICIENT_SPACE
                 if exc.errno == errno.ENOSPC
                 else FailureCode.INTERNAL
             )
-            raise Failed(code, True, f"{file.path}: {exc.strerror or type(exc).__name__}") from None
-        self._raise_if_stopped()
+            detail = f"{file.path}: {exc.strerror or type(exc).__name__}"
+            raise Failed(code, detail, retryable=True) from None
+        self.check()
         if have != file.size:
             staged.discard()
             raise Failed(
-                FailureCode.SIZE_MISMATCH, False, f"{file.path}: {have} bytes, expected {file.size}"
+                FailureCode.SIZE_MISMATCH,
+                f"{file.path}: {have} bytes, expected {file.size}",
+                retryable=False,
             )
         if not staged.verified():
             staged.discard()
-            raise Failed(FailureCode.CHECKSUM_MISMATCH, False, f"{file.path}: digest differs")
+            raise Failed(
+                FailureCode.CHECKSUM_MISMATCH, f"{file.path}: digest differs", retryable=False
+            )
 
     async def _stream(
         self,
@@ -307,11 +279,13 @@ class ArtifactJob:
         handed = time.monotonic()
         try:
             async for chunk in download.chunks:
-                self._raise_if_stopped()
+                self.check()
                 have += len(chunk)
                 if have > file.size:
                     raise Failed(
-                        FailureCode.SIZE_MISMATCH, False, f"{file.path}: longer than expected"
+                        FailureCode.SIZE_MISMATCH,
+                        f"{file.path}: longer than expected",
+                        retryable=False,
                     )
                 block.append(chunk)
                 block_size += len(chunk)
@@ -340,12 +314,6 @@ class ArtifactJob:
     def _remaining(self, pending: list[tuple[ArtifactFile, Path, Path]]) -> int:
         return sum(f.size - self.progress.done.get(f.path, 0) for f, _, _ in pending)
 
-    def _raise_if_stopped(self) -> None:
-        if self.cancelled.is_set():
-            raise Cancelled
-        if self.lost.is_set():
-            raise LeaseLost
-
     def _remove_staging(self) -> None:
         with contextlib.suppress(PathNotAllowed, OSError):
             root = allowed_root(self.spec.target_root, self.settings.roots)
@@ -353,73 +321,36 @@ class ArtifactJob:
 
     # -------------------------------------------------------------- the reports
 
-    async def _stop_reporting(self, reporter: asyncio.Task[None]) -> None:
-        """Let a report in flight get its answer (bounded by the client's timeout, and
-        by the settle bound here), then stop the reporter for good."""
-        self.settling.set()
-        if reporter.done():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(reporter), SETTLE_WAIT_S)
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
+    def progress_report(self) -> ProgressReport:
+        self.progress.sample()
+        rate = self.progress.rate
+        eta = (self.progress.total - self.progress.bytes_done) / rate if rate else None
+        logger.info(
+            "%s: %d/%d bytes, %s, ETA %s",
+            self.name,
+            self.progress.bytes_done,
+            self.progress.total,
+            f"{rate / 1e6:.2f} MB/s" if rate is not None else "rate unknown",
+            f"{eta:.0f} s" if eta is not None else "unknown",
+        )
+        return self.progress.report(self.fence)
 
-    async def _report_progress(self) -> None:
-        interval = min(self.settings.progress_interval_s, self.claim.lease.renew_within_s)
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.settling.wait(), interval)
-            if self.settling.is_set():
-                return
-            self.progress.sample()
-            rate = self.progress.rate
-            eta = (self.progress.total - self.progress.bytes_done) / rate if rate else None
-            logger.info(
-                "%s: %d/%d bytes, %s, ETA %s",
-                self.name,
-                self.progress.bytes_done,
-                self.progress.total,
-                f"{rate / 1e6:.2f} MB/s" if rate is not None else "rate unknown",
-                f"{eta:.0f} s" if eta is not None else "unknown",
-            )
-            try:
-                answer = await self.reports.artifact_progress(
-                    self.claim.job_id, self.progress.report(self.fence)
-                )
-            except Transient:
-                continue  # the next report may get through before the lease ends
-            except RequestFailed:
-                # 409 (lease stale or expired, job ended), 401/403, 404: not ours now.
-                self.lost.set()
-                return
-            if answer.cancel_requested:
-                self.cancelled.set()
-
-    async def _complete(self) -> str:
-        report = CompleteReport(lease=self.fence, files=list(self.spec.files))
-        try:
-            await self.reports.complete_artifact_job(self.claim.job_id, report)
-        except RequestFailed as exc:
-            logger.warning("%s: the completion was not accepted (%s)", self.name, exc)
-            return "completion refused"
-        logger.info("%s: complete", self.name)
-        return "completed"
-
-    async def _fail(self, failure: Failed) -> str:
-        logger.warning("%s: %s (%s)", self.name, failure.code.value, failure.detail)
-        report = FailReport(
+    def fail_report(self, failure: Failed) -> FailReport:
+        return FailReport(
             lease=self.fence,
-            code=failure.code,
+            code=FailureCode(failure.code),
             retryable=failure.retryable,
             detail=failure.detail[:500],
         )
-        try:
-            answer = await self.reports.fail_artifact_job(self.claim.job_id, report)
-        except RequestFailed as exc:
-            logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
-            return failure.code.value
+
+    def on_failure(self, failure: Failed) -> None:
+        if not failure.retryable:  # cancelled too: no attempt will resume the staging
+            self._remove_staging()
+
+    def on_fail_answer(self, answer: FailAnswer) -> None:
         if answer.state != JobState.QUEUED:
             # No attempt follows (the last one, or cancelled): nothing to resume.
             self._remove_staging()
-        return failure.code.value
+
+    def on_lease_lost(self) -> None:
+        logger.warning("%s: partial files kept for the next attempt", self.name)

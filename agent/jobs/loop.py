@@ -1,53 +1,115 @@
-"""The agent's job loop: claim the next artifact job, run it, claim again; with nothing
-to do, wait for the poll interval (or a wake-up from the notification channel, which
-only cuts the latency: polling alone stays correct). Between jobs, when it is due, the
-staging no attempt will resume is swept (agent/jobs/sweep.py)."""
+"""The one claim loop, for every job kind: claim the next job of the kind, run it, claim
+again; with nothing to do, wait for the poll interval or a wake-up from the kind's
+notifications (agent/jobs/wakeups.py), which only cut the latency: polling alone stays
+correct. The agent runs one for artifact jobs, the runtime worker one for its kinds.
+
+* **In flight**: up to `in_flight` jobs run at once, each as its own task; the loop
+  claims only while there is room, so no lease is taken that no one works on. One
+  (the default) runs the jobs one after the other.
+* **Refusals**: a refused claim is logged once per episode (the agent's publisher
+  reports refusals of the credential); on 401/403 the loop backs off to
+  `REFUSED_BACKOFF` polls, as no claim will succeed until the node's standing changes.
+* **Stop**: when `stop` is set, or the loop is cancelled, the jobs still running are
+  cancelled with it: their leases expire and the next attempt does the work.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from agent.client import ProtocolClient
 from agent.errors import Rejected, RequestFailed
-from agent.jobs.artifact import ArtifactJob, ArtifactSettings
-from agent.jobs.sweep import StagingSweep
 from agent.jobs.wakeups import wait_for_wake
-from agent.sources.hub import HubSource
 
 logger = logging.getLogger("modelforge.agent.jobs")
 
 
-async def artifact_jobs(
-    client: ProtocolClient,
-    source: HubSource,
-    settings: ArtifactSettings,
+class Job(Protocol):
+    """A claimed job, ready to run under its lease (agent/jobs/lease.py: LeasedJob)."""
+
+    name: str
+
+    async def run(self) -> str: ...
+
+
+# Polls between claims while the credential or the node is refused (401/403).
+REFUSED_BACKOFF = 3
+
+
+async def claim_loop(
+    what: str,
+    claim: Callable[[], Awaitable[Job | None]],
     stop: asyncio.Event,
     *,
     poll_s: float,
     wake: asyncio.Event | None = None,
-    sweep: StagingSweep | None = None,
+    in_flight: int = 1,
+    between: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
+    """Claim `what` (e.g. "artifact jobs") until `stop`: `claim` asks for the next one,
+    and makes it ready to run. `between` runs before each claim while no job runs (the
+    artifact staging sweep)."""
     wake = wake or asyncio.Event()
+    room = asyncio.Semaphore(in_flight)
+    running: set[asyncio.Task[str]] = set()
     failing: str | None = None
-    while not stop.is_set():
-        if sweep is not None:
-            await sweep.when_due()
-        claim = None
-        try:
-            claim = await client.claim_artifact_job()
-            failing = None
-        except RequestFailed as exc:
-            kind = type(exc).__name__
-            if failing != kind:
-                # Once per episode: the publisher reports refusals of the credential.
-                logger.warning("claiming artifact jobs failed (%s); polling on", exc)
-            failing = kind
-            if isinstance(exc, Rejected) and exc.status in (401, 403):
-                await wait_for_wake(stop, wake, poll_s * 3)
+
+    def ended(task: asyncio.Task[str]) -> None:
+        running.discard(task)
+        room.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s: a job ended with an error", what, exc_info=task.exception())
+
+    try:
+        while not stop.is_set():
+            if not await _acquire(room, stop):
+                break
+            if between is not None and not running:
+                await between()
+            claimed = None
+            try:
+                claimed = await claim()
+                failing = None
+            except RequestFailed as exc:
+                kind = type(exc).__name__
+                if failing != kind:
+                    logger.warning("claiming %s failed (%s); polling on", what, exc)
+                failing = kind
+                if isinstance(exc, Rejected) and exc.status in (401, 403):
+                    room.release()
+                    await wait_for_wake(stop, wake, poll_s * REFUSED_BACKOFF)
+                    continue
+            if claimed is None:
+                room.release()
+                await wait_for_wake(stop, wake, poll_s)
                 continue
-        if claim is not None:
-            logger.info("claimed artifact job %s (attempt %d)", claim.job_id, claim.attempt)
-            await ArtifactJob(claim, client, source, settings).run()
-            continue
-        await wait_for_wake(stop, wake, poll_s)
+            task = asyncio.create_task(claimed.run())
+            running.add(task)
+            task.add_done_callback(ended)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _acquire(room: asyncio.Semaphore, stop: asyncio.Event) -> bool:
+    """A place for one more job, or False once `stop` is set."""
+    if not room.locked():
+        await room.acquire()
+        return True
+    acquiring = asyncio.ensure_future(room.acquire())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([acquiring, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+    if acquiring.done() and not acquiring.cancelled():
+        if stop.is_set():
+            room.release()
+            return False
+        return True
+    return False

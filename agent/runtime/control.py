@@ -1,12 +1,15 @@
 """The runtime worker's side of the protocol, outbound only, with the node's credential
-from the agent's state dir: the runtime report stream, and the probe loop.
+from the agent's state dir: the runtime report stream, and the runtime jobs.
 
 * **Report** (`PUT …/agent/runtime`): devices, served and loaded models, queue depths
   and the binary it runs (its sha256 and version: a RuntimeEnvironment). Sent at start,
   every `report_interval_s`, and soon after anything changed. Sequences come from a file
   in the run dir, reserved in blocks, so a restart never reuses one (like the agent's).
-* **Probes** are claimed from `…/runtime-probes/next` when a notification wakes the loop
-  (the agent's own SSE listener, agent/jobs/wakeups.py) or every `job_poll_interval_s`.
+* **Jobs** of every runtime kind are claimed from `…/runtime-probes/next` by the one
+  claim loop (agent/jobs/loop.py) when a runtime job's notification wakes it (its own
+  SSE listener, agent/jobs/wakeups.py) or every `job_poll_interval_s`. Jobs run side by
+  side, each as its own task, up to one per device plus one: a job for a device waits
+  for that device's turn (DeviceSlot), never for a job on another device.
 * A 4xx answer is final for that request: logged once, never retried in a loop.
 """
 
@@ -24,8 +27,10 @@ from pathlib import Path
 
 from agent.client import ProtocolClient
 from agent.errors import Conflict, RequestFailed
-from agent.jobs.wakeups import listen, wait_for_wake
+from agent.jobs.loop import claim_loop
+from agent.jobs.wakeups import Wakeups, listen, wait_for_wake
 from agent.runtime.device_jobs import DeviceJobRun
+from agent.runtime.jobs import RUNTIME_KINDS, RuntimeJob, RuntimeReports
 from agent.runtime.probe import ProbeRun
 from agent.runtime.worker import RuntimeWorker
 from agent.state import atomic_write
@@ -99,6 +104,7 @@ class ControlPlane:
         self._credential = credential
         self.changed = worker.changed
         self._refused: str | None = None
+        self.job_reports = RuntimeReports(client)
 
     def report(self) -> RuntimeReport:
         inventory = self.worker.inventory()
@@ -142,36 +148,37 @@ class ControlPlane:
             await wait_for_wake(stop, self.changed, interval)
             await asyncio.sleep(0.2)  # a burst of changes is one report
 
-    async def probes(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
-        poll = self.worker.config.job_poll_interval_s
-        failing: str | None = None
-        while not stop.is_set():
-            claim = None
-            try:
-                claim = await self.client.claim_runtime_probe()
-                failing = None
-            except RequestFailed as exc:
-                if failing != type(exc).__name__:
-                    logger.warning("claiming runtime probes failed (%s); polling on", exc)
-                failing = type(exc).__name__
-            if claim is not None:
-                logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
-                run = (
-                    ProbeRun(claim, self.client, self.worker)
-                    if isinstance(claim, ProbeClaim)
-                    else DeviceJobRun(claim, self.client, self.worker)
-                )
-                await run.run()
-                self.changed.set()
-                continue
-            await wait_for_wake(stop, wake, poll)
+    @property
+    def in_flight(self) -> int:
+        """Jobs run at once: one per device, plus one (a job that fails at once, or a
+        health check, need not wait for a device's long job to end)."""
+        return len(self.worker.slots) + 1
+
+    async def next_job(self) -> RuntimeJob | None:
+        claim = await self.client.claim_runtime_job()
+        if claim is None:
+            return None
+        logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
+        if isinstance(claim, ProbeClaim):
+            return ProbeRun(claim, self.job_reports, self.worker)
+        return DeviceJobRun(claim, self.job_reports, self.worker)
+
+    async def jobs(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        await claim_loop(
+            "runtime jobs",
+            self.next_job,
+            stop,
+            poll_s=self.worker.config.job_poll_interval_s,
+            wake=wake,
+            in_flight=self.in_flight,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
-        wake = asyncio.Event()
+        wakeups = Wakeups()
         tasks = [
             asyncio.create_task(self.reports(stop)),
-            asyncio.create_task(self.probes(stop, wake)),
-            asyncio.create_task(listen(self.client, wake, stop)),
+            asyncio.create_task(self.jobs(stop, wakeups.loop_for(RUNTIME_KINDS))),
+            asyncio.create_task(listen(self.client, wakeups, stop)),
         ]
         try:
             await stop.wait()

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import httpx
 
-from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
+from agent.runtime.jobs import Completion, RuntimeFailed, RuntimeJob, RuntimeReports
 from agent.runtime.server import LlamaServer
 from agent.runtime.worker import RuntimeWorker
+from schemas.jobs import JobKind
 from schemas.runtime import (
-    HEALTH_KIND,
     DeviceJobClaim,
     HealthComplete,
     ProbeHealth,
@@ -19,24 +19,23 @@ from schemas.runtime import (
 )
 
 
-class DeviceJobRun(LeasedRun):
-    def __init__(self, claim: DeviceJobClaim, reports: ProbeReports, worker: RuntimeWorker) -> None:
-        super().__init__(claim, reports, worker)
+class DeviceJobRun(RuntimeJob):
+    def __init__(
+        self, claim: DeviceJobClaim, reports: RuntimeReports, worker: RuntimeWorker
+    ) -> None:
+        super().__init__(claim.job_id, JobKind(claim.kind), claim.lease, reports, worker)
         self.device_id = claim.spec.device_id
-        self.kind = claim.kind
 
     async def work(self) -> Completion:
         slot = self.worker.slot(self.device_id)
         if slot is None:
-            raise Failed(RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.device_id}")
-        if self.kind == HEALTH_KIND:
+            raise RuntimeFailed(RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.device_id}")
+        if self.kind == JobKind.RUNTIME_HEALTH:
             return await self._health(slot.server)
         self.phase = "loading"
-        server = slot.server
-        unloaded = server.model.model_id if server is not None else None
-        settle = await slot.unload()
+        unloaded, settle = await slot.unload(when_turn=self.check)
         return UnloadComplete(
-            kind="runtime.unload.v1",
+            kind=JobKind.RUNTIME_UNLOAD,
             lease=self.fence,
             device_id=self.device_id,
             unloaded_model=unloaded,
@@ -50,7 +49,7 @@ class DeviceJobRun(LeasedRun):
                 process_up=False, health_ok=False, model_listed=False, inference_ok=False
             )
             return HealthComplete(
-                kind="runtime.health.v1", lease=self.fence, device_id=self.device_id,
+                kind=JobKind.RUNTIME_HEALTH, lease=self.fence, device_id=self.device_id,
                 health=health, loaded_model=None,
             )  # fmt: skip
         layers = await server.health()
@@ -67,6 +66,6 @@ class DeviceJobRun(LeasedRun):
             inference_ok=inference,
         )
         return HealthComplete(
-            kind="runtime.health.v1", lease=self.fence, device_id=self.device_id,
+            kind=JobKind.RUNTIME_HEALTH, lease=self.fence, device_id=self.device_id,
             health=health, loaded_model=server.model.model_id if server.alive else None,
         )  # fmt: skip

@@ -114,13 +114,18 @@ class DeviceSlot:
         self.changed.set()
         return fresh
 
-    async def unload(self) -> float | None:
-        """Stop the device's server (after the request in flight); the settle time."""
+    async def unload(
+        self, *, when_turn: Callable[[], None] | None = None
+    ) -> tuple[str | None, float | None]:
+        """Stop the device's server (after the request in flight): the model it served
+        and the settle time, or (None, None) when none ran. `when_turn` as in serving."""
         async with self._turn:
+            if when_turn is not None:
+                when_turn()
             server = self.server
             if server is None:
-                return None
-            return await self._unload(server, reason="unload")
+                return None, None
+            return server.model.model_id, await self._unload(server, reason="unload")
 
     async def _unload(self, server: LlamaServer, *, reason: str) -> float:
         self.server = None

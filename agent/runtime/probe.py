@@ -24,9 +24,10 @@ from pydantic import ValidationError
 
 from agent.runtime.config import LoraFile, ModelSpec
 from agent.runtime.devices import DeviceSlot
-from agent.runtime.leased import Completion, Failed, LeasedRun, ProbeReports
+from agent.runtime.jobs import Completion, RuntimeFailed, RuntimeJob, RuntimeReports
 from agent.runtime.server import LlamaServer, ServerFailed
 from agent.runtime.worker import RuntimeWorker
+from schemas.jobs import JobKind
 from schemas.runtime import (
     LlamaSettings,
     LlamaTuning,
@@ -58,11 +59,11 @@ def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
         settings = LlamaSettings.model_validate(spec.settings)
     except ValidationError as exc:
         reasons = "; ".join(str(error["msg"]) for error in exc.errors())
-        raise Failed(RuntimeFailure.PROFILE_REFUSED, reasons) from None
+        raise RuntimeFailed(RuntimeFailure.PROFILE_REFUSED, reasons) from None
     # llama.cpp splits --lora-scaled at commas and colons.
     for lora in spec.loras:
         if any(mark in lora.path for mark in ',:"\n'):
-            raise Failed(RuntimeFailure.PROFILE_REFUSED, "a LoRA path llama.cpp cannot take")
+            raise RuntimeFailed(RuntimeFailure.PROFILE_REFUSED, "a LoRA path llama.cpp cannot take")
     return settings
 
 
@@ -73,16 +74,20 @@ def model_file(named: str, roots: list[Path]) -> Path:
     artifact inventory; the node does not take its word for where that is."""
     path = Path(named)
     if not path.is_absolute() or ".." in path.parts:
-        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{named} is not an absolute, plain path")
+        raise RuntimeFailed(
+            RuntimeFailure.ARTIFACT_MISSING, f"{named} is not an absolute, plain path"
+        )
     try:
         mode = path.lstat().st_mode
     except OSError:
-        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} does not exist") from None
+        raise RuntimeFailed(RuntimeFailure.ARTIFACT_MISSING, f"{path} does not exist") from None
     if not stat.S_ISREG(mode):
-        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is not a regular file")
+        raise RuntimeFailed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is not a regular file")
     resolved = path.resolve()
     if roots and not any(resolved.is_relative_to(root.resolve()) for root in roots):
-        raise Failed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is outside the artifact roots")
+        raise RuntimeFailed(
+            RuntimeFailure.ARTIFACT_MISSING, f"{path} is outside the artifact roots"
+        )
     return path
 
 
@@ -99,11 +104,11 @@ def peak_rss_bytes(pid: int | None) -> int | None:
     return None
 
 
-class ProbeRun(LeasedRun):
+class ProbeRun(RuntimeJob):
     """runtime.probe.v1."""
 
-    def __init__(self, claim: ProbeClaim, reports: ProbeReports, worker: RuntimeWorker) -> None:
-        super().__init__(claim, reports, worker)
+    def __init__(self, claim: ProbeClaim, reports: RuntimeReports, worker: RuntimeWorker) -> None:
+        super().__init__(claim.job_id, JobKind.RUNTIME_PROBE, claim.lease, reports, worker)
         self.spec = claim.spec
 
     async def work(self) -> Completion:
@@ -113,7 +118,7 @@ class ProbeRun(LeasedRun):
         settings = admitted_settings(self.spec)
         artifact = Path(self.spec.artifact_path)
         await asyncio.to_thread(self._verify, self.worker.config.llama_server_path, artifact)
-        self._check()
+        self.check()
         model = ModelSpec(
             model_id=f"probe-{self.spec.artifact_digest[:12]}-{self.spec.profile_id.hex[:8]}",
             path=artifact,
@@ -128,12 +133,14 @@ class ProbeRun(LeasedRun):
             else self.worker.slot_for(model)
         )
         if slot is None:
-            raise Failed(RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.spec.device_id}")
+            raise RuntimeFailed(
+                RuntimeFailure.UNSUPPORTED_BACKEND, f"no device {self.spec.device_id}"
+            )
         self.phase = "loading"
         settle_before = slot.last_settle_s
         try:
-            async with slot.serving(model, bounded=False, when_turn=self._check) as server:
-                self._check()
+            async with slot.serving(model, bounded=False, when_turn=self.check) as server:
+                self.check()
                 self.phase = "probing"
                 health, timings = await self._infer(server)
                 evidence = ProbeEvidence(
@@ -146,7 +153,7 @@ class ProbeRun(LeasedRun):
                     settle_s=slot.last_settle_s if slot.last_settle_s != settle_before else None,
                 )
         except ServerFailed as exc:
-            raise Failed(RuntimeFailure(exc.code), exc.detail) from None
+            raise RuntimeFailed(RuntimeFailure(exc.code), exc.detail) from None
         return ProbeComplete(
             lease=self.fence, device_id=slot.device.id, health=health, evidence=evidence
         )
@@ -154,9 +161,9 @@ class ProbeRun(LeasedRun):
     def _verify(self, binary: Path, artifact: Path) -> None:
         """The files are the ones the lease names (blocking: run in a thread)."""
         if not binary.is_file():
-            raise Failed(RuntimeFailure.BINARY_MISSING, f"{binary} does not exist")
+            raise RuntimeFailed(RuntimeFailure.BINARY_MISSING, f"{binary} does not exist")
         if sha256_of(binary) != self.spec.binary_sha256:
-            raise Failed(
+            raise RuntimeFailed(
                 RuntimeFailure.BINARY_DIGEST_MISMATCH, "the binary is not the environment's"
             )
         files = [VerifiedFile(path=str(artifact), sha256=self.spec.artifact_digest)]
@@ -165,7 +172,9 @@ class ProbeRun(LeasedRun):
         for file in files:
             path = model_file(file.path, self.worker.config.artifact_roots)
             if sha256_of(path) != file.sha256:
-                raise Failed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs")
+                raise RuntimeFailed(
+                    RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs"
+                )
 
     async def _infer(self, server: LlamaServer) -> tuple[ProbeHealth, dict[str, float]]:
         layers = await server.health()
@@ -184,7 +193,7 @@ class ProbeRun(LeasedRun):
         try:
             async with server.http.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code != 200:
-                    raise Failed(RuntimeFailure.INFERENCE_FAILED, f"HTTP {r.status_code}")
+                    raise RuntimeFailed(RuntimeFailure.INFERENCE_FAILED, f"HTTP {r.status_code}")
                 async for line in r.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
@@ -206,7 +215,7 @@ class ProbeRun(LeasedRun):
                 RuntimeFailure.INFERENCE_FAILED if server.alive else RuntimeFailure.PROCESS_EXITED
             )
             detail = f"the probe's inference failed ({type(exc).__name__})"
-            raise Failed(code, detail, health) from None
+            raise RuntimeFailed(code, detail, health) from None
         health = ProbeHealth(
             process_up=server.alive,
             health_ok=layers.health_ok,
@@ -214,7 +223,7 @@ class ProbeRun(LeasedRun):
             inference_ok=bool(text),
         )
         if not text:
-            raise Failed(RuntimeFailure.INFERENCE_FAILED, "the probe got no tokens", health)
+            raise RuntimeFailed(RuntimeFailure.INFERENCE_FAILED, "the probe got no tokens", health)
         measured = {"ttft_s": first if first is not None else time.monotonic() - started}
         for key in ("prompt_per_second", "predicted_per_second"):
             if isinstance(timings.get(key), int | float):

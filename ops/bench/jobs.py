@@ -43,7 +43,7 @@ import fleet  # noqa: E402  (sibling bench module: the stack)
 import heartbeats as hb  # noqa: E402
 
 from agent.client import ProtocolClient  # noqa: E402
-from agent.jobs.artifact import ArtifactJob, ArtifactSettings  # noqa: E402
+from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings  # noqa: E402
 from agent.sources.hub import HubSource, source_session  # noqa: E402
 from schemas.protocol import (  # noqa: E402
     ARTIFACT_JOB_FAIL,
@@ -149,7 +149,8 @@ async def download(
         client = ProtocolClient(http, node.credential)
         claim = await client.claim_artifact_job()
         assert claim is not None
-        job = ArtifactJob(claim, client, HubSource(hub.url, None, session), settings)
+        source = HubSource(hub.url, None, session)
+        job = ArtifactJob(claim, ArtifactReports(client), source, settings)
         started = time.perf_counter()
         outcome = await job.run()
         elapsed = time.perf_counter() - started

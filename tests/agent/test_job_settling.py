@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from agent.client import ProtocolClient, make_http_client
-from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
 from agent.sources.hub import HubSource
 from schemas.artifacts import CompleteAnswer, CompleteReport, ProgressReport
 from schemas.jobs import FailAnswer, FailReport, ProgressAnswer
@@ -31,11 +31,11 @@ class Watched:
     not call it back). Records when reports are sent and arrive."""
 
     def __init__(self, client: ProtocolClient) -> None:
-        self.client = client
+        self.client = ArtifactReports(client)
         self.events: list[str] = []
         self.deliveries: list[asyncio.Future[ProgressAnswer]] = []
 
-    async def artifact_progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
+    async def progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
         self.events.append("progress sent")
         delivery = asyncio.ensure_future(self._deliver(job_id, report))
         self.deliveries.append(delivery)
@@ -44,17 +44,15 @@ class Watched:
     async def _deliver(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
         await asyncio.sleep(0.3)
         self.events.append("progress arrived")
-        return await self.client.artifact_progress(job_id, report)
+        return await self.client.progress(job_id, report)
 
-    async def complete_artifact_job(
-        self, job_id: uuid.UUID, report: CompleteReport
-    ) -> CompleteAnswer:
+    async def complete(self, job_id: uuid.UUID, report: CompleteReport) -> CompleteAnswer:
         self.events.append("settled")
-        return await self.client.complete_artifact_job(job_id, report)
+        return await self.client.complete(job_id, report)
 
-    async def fail_artifact_job(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
+    async def fail(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
         self.events.append("settled")
-        return await self.client.fail_artifact_job(job_id, report)
+        return await self.client.fail(job_id, report)
 
 
 def test_no_progress_report_is_sent_after_the_fail_report(

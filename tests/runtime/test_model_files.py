@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.runtime.leased import Failed
+from agent.runtime.jobs import RuntimeFailed
 from agent.runtime.probe import model_file
 
 
@@ -38,6 +38,6 @@ def test_anything_else_is_refused(tmp_path: Path, case: str) -> None:
     }[case]
     (root / "link.gguf").symlink_to(secret)
     os.mkfifo(root / "fifo.gguf")
-    with pytest.raises(Failed) as refused:
+    with pytest.raises(RuntimeFailed) as refused:
         model_file(named, [root])
     assert refused.value.code == "artifact_missing"

@@ -1,0 +1,206 @@
+"""One job under its lease, whatever its kind: the work, with progress reports that keep
+the lease and carry an operator's cancel back; then exactly one terminal report.
+
+Every kind (agent/jobs/artifact.py; agent/runtime/jobs.py for the runtime kinds) holds
+its lease through this one runner, so they behave alike where the protocol says they
+must:
+
+* **Keep the lease**: a progress report (the kind's own, built when it is sent) at
+  least every `renew_within_s`. A transient failure is tried again next interval; any
+  other refusal (409 lease stale or expired, the job finished, 401/403, 404) means the
+  control plane no longer takes reports under this lease: the lease is lost.
+* **Stop** when the answer says the operator cancelled (`Cancelled`: reported as the
+  kind's `cancelled` failure), or when the lease is lost (`LeaseLost`: nothing more is
+  reported; the next attempt, under a new lease, does the job). The work sees both at
+  its own safe points through `check()`.
+* **Settle** with complete or fail. The progress reporter is stopped, and a report in
+  flight answered (bounded), before the terminal report goes out: once a job is settled
+  nothing more is reported on it.
+
+A kind subclasses `LeasedJob` with its work and its reports; its report calls are a
+`Reports` (the kind's three protocol routes on the node's client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from enum import StrEnum
+from typing import Generic, Protocol, TypeVar
+
+from agent.errors import RequestFailed, Transient
+from schemas.jobs import FailAnswer, Lease, LeaseFence, ProgressAnswer
+
+logger = logging.getLogger("modelforge.agent.jobs")
+
+# At most this long for a progress report in flight to be answered before the terminal
+# report goes out (the client's own timeout bounds it too); then it is abandoned.
+SETTLE_WAIT_S = 15.0
+
+ProgressT = TypeVar("ProgressT")
+DoneT = TypeVar("DoneT")
+FailT = TypeVar("FailT")
+ProgressIn = TypeVar("ProgressIn", contravariant=True)
+DoneIn = TypeVar("DoneIn", contravariant=True)
+FailIn = TypeVar("FailIn", contravariant=True)
+
+
+class Reports(Protocol[ProgressIn, DoneIn, FailIn]):
+    """One kind's report calls under a lease (agent/client.py holds the routes)."""
+
+    async def progress(self, job_id: uuid.UUID, report: ProgressIn) -> ProgressAnswer: ...
+    async def complete(self, job_id: uuid.UUID, report: DoneIn) -> object: ...
+    async def fail(self, job_id: uuid.UUID, report: FailIn) -> FailAnswer: ...
+
+
+class Failed(Exception):
+    """The job failed on this node: its kind's failure code, whether another attempt
+    may help, and a detail for the operator."""
+
+    def __init__(self, code: StrEnum, detail: str, *, retryable: bool) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.retryable = retryable
+
+
+class Cancelled(Exception):
+    """The operator cancelled the job (the answer to a progress report said so)."""
+
+
+class LeaseLost(Exception):
+    """The control plane no longer takes reports under this lease: stop, report nothing."""
+
+
+class LeasedJob(Generic[ProgressT, DoneT, FailT]):
+    """A kind's work under its lease. Subclasses give `work`, `progress_report`,
+    `fail_report` and `cancelled_code`; the hooks let them clean up as they settle."""
+
+    # The kind's failure code for an operator's cancel.
+    cancelled_code: StrEnum
+
+    def __init__(
+        self,
+        job_id: uuid.UUID,
+        lease: Lease,
+        reports: Reports[ProgressT, DoneT, FailT],
+        *,
+        name: str,
+        report_every_s: float,
+    ) -> None:
+        self.job_id = job_id
+        self.reports = reports
+        self.name = name
+        self.fence = LeaseFence(lease_id=lease.lease_id, epoch=lease.epoch)
+        self.report_every_s = min(report_every_s, lease.renew_within_s)
+        self.cancelled = asyncio.Event()
+        self.lost = asyncio.Event()
+        # Set once the job's end is decided: no progress report starts after it.
+        self.settling = asyncio.Event()
+
+    # ------------------------------------------------------------ what a kind gives
+
+    async def work(self) -> DoneT:
+        """Do the job; the completion report. Raise Failed, or let check() stop it."""
+        raise NotImplementedError
+
+    def progress_report(self) -> ProgressT:
+        raise NotImplementedError
+
+    def fail_report(self, failure: Failed) -> FailT:
+        raise NotImplementedError
+
+    def on_failure(self, failure: Failed) -> None:
+        """Before the fail report goes out (cancelled included)."""
+
+    def on_fail_answer(self, answer: FailAnswer) -> None:
+        """The control plane took the fail report; its answer says what follows."""
+
+    def on_lease_lost(self) -> None:
+        """The lease was lost: the work stopped, nothing is reported."""
+
+    # ------------------------------------------------------------------- the runner
+
+    def check(self) -> None:
+        """Called by the work at its safe points: stop there if the job should stop."""
+        if self.cancelled.is_set():
+            raise Cancelled
+        if self.lost.is_set():
+            raise LeaseLost
+
+    async def run(self) -> str:
+        """Do the job and report its end; the outcome as a word (for the log and tests)."""
+        reporter = asyncio.create_task(self._keep_lease())
+        failure: Failed | None = None
+        try:
+            try:
+                done = await self.work()
+            finally:
+                await self._stop_reporting(reporter)
+            if self.lost.is_set():
+                raise LeaseLost
+        except Cancelled:
+            failure = Failed(self.cancelled_code, "cancelled", retryable=False)
+        except LeaseLost:
+            logger.warning("%s: the lease was lost; stopped", self.name)
+            self.on_lease_lost()
+            return "lease lost"
+        except Failed as failed:
+            failure = failed
+        if failure is None:
+            return await self._complete(done)
+        if self.lost.is_set():
+            logger.warning("%s: %s, but the lease was lost first", self.name, failure.code.value)
+            self.on_lease_lost()
+            return "lease lost"
+        return await self._fail(failure)
+
+    async def _stop_reporting(self, reporter: asyncio.Task[None]) -> None:
+        """Let a report in flight get its answer (bounded by the client's timeout, and
+        by the settle bound here), then stop the reporter for good."""
+        self.settling.set()
+        if not reporter.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reporter), SETTLE_WAIT_S)
+            reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+
+    async def _keep_lease(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.settling.wait(), self.report_every_s)
+            if self.settling.is_set():
+                return
+            try:
+                answer = await self.reports.progress(self.job_id, self.progress_report())
+            except Transient:
+                continue  # the next report may get through before the lease ends
+            except RequestFailed:
+                # 409 (lease stale or expired, job ended), 401/403, 404: not ours now.
+                self.lost.set()
+                return
+            if answer.cancel_requested:
+                self.cancelled.set()
+
+    async def _complete(self, report: DoneT) -> str:
+        try:
+            await self.reports.complete(self.job_id, report)
+        except RequestFailed as exc:
+            logger.warning("%s: the completion was not accepted (%s)", self.name, exc)
+            return "completion refused"
+        logger.info("%s: complete", self.name)
+        return "completed"
+
+    async def _fail(self, failure: Failed) -> str:
+        logger.warning("%s: %s (%s)", self.name, failure.code.value, failure.detail)
+        self.on_failure(failure)
+        try:
+            answer = await self.reports.fail(self.job_id, self.fail_report(failure))
+        except RequestFailed as exc:
+            logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
+            return str(failure.code.value)
+        self.on_fail_answer(answer)
+        return str(failure.code.value)

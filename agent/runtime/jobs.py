@@ -1,0 +1,109 @@
+"""The runtime kinds' glue to the one lease runner (agent/jobs/lease.py): their report
+calls, their failure (a RuntimeFailure, with the layered health when the failure came
+from the server), their progress (the phase), and which job kind runs as what.
+agent/runtime/probe.py and device_jobs.py do the work; the worker's claim loop
+(agent/runtime/control.py) calls `runtime_job` for each claim."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Literal
+
+from agent.client import ProtocolClient
+from agent.jobs.lease import Failed, LeasedJob, Reports
+from agent.runtime.worker import RuntimeWorker
+from schemas.jobs import FailAnswer, JobKind, Lease, ProgressAnswer
+from schemas.runtime import (
+    HealthComplete,
+    ProbeComplete,
+    ProbeFail,
+    ProbeHealth,
+    ProbeOutcome,
+    ProbeProgress,
+    RuntimeFailure,
+    UnloadComplete,
+)
+
+logger = logging.getLogger("modelforge.runtime.jobs")
+
+# The kinds the runtime worker claims (from …/runtime-probes/next) and is woken for.
+RUNTIME_KINDS = frozenset({JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD})
+
+# Worth another attempt: the next start may well succeed.
+RETRYABLE = frozenset(
+    {RuntimeFailure.STARTUP_TIMEOUT, RuntimeFailure.PROCESS_EXITED, RuntimeFailure.INTERNAL}
+)
+
+Completion = ProbeComplete | HealthComplete | UnloadComplete
+Phase = Literal["verifying", "loading", "probing"]
+
+
+class RuntimeReports:
+    """The runtime kinds' report calls (agent/jobs/lease.py: Reports)."""
+
+    def __init__(self, client: ProtocolClient) -> None:
+        self.client = client
+
+    async def progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer:
+        return await self.client.runtime_job_progress(job_id, report)
+
+    async def complete(self, job_id: uuid.UUID, report: Completion) -> ProbeOutcome:
+        return await self.client.complete_runtime_job(job_id, report)
+
+    async def fail(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
+        return await self.client.fail_runtime_job(job_id, report)
+
+
+class RuntimeFailed(Failed):
+    """A runtime job's failure; retryable by its code, with the health seen if any."""
+
+    def __init__(
+        self, code: RuntimeFailure, detail: str, health: ProbeHealth | None = None
+    ) -> None:
+        super().__init__(code, detail, retryable=code in RETRYABLE)
+        self.health = health
+
+
+class RuntimeJob(LeasedJob[ProbeProgress, Completion, ProbeFail]):
+    """Any runtime kind under its lease: progress reports name the phase."""
+
+    cancelled_code = RuntimeFailure.CANCELLED
+
+    def __init__(
+        self,
+        job_id: uuid.UUID,
+        kind: JobKind,
+        lease: Lease,
+        reports: Reports[ProbeProgress, Completion, ProbeFail],
+        worker: RuntimeWorker,
+    ) -> None:
+        super().__init__(
+            job_id,
+            lease,
+            reports,
+            name=f"{kind.value} {job_id}",
+            # Twice per renewal: one lost report still leaves time for the next.
+            report_every_s=max(0.2, min(5.0, lease.renew_within_s / 2)),
+        )
+        self.kind = kind
+        self.worker = worker
+        self.phase: Phase = "verifying"
+
+    async def run(self) -> str:
+        try:
+            return await super().run()
+        finally:
+            self.worker.changed.set()  # a runtime report soon after every job
+
+    def progress_report(self) -> ProbeProgress:
+        return ProbeProgress(lease=self.fence, phase=self.phase)
+
+    def fail_report(self, failure: Failed) -> ProbeFail:
+        return ProbeFail(
+            lease=self.fence,
+            code=RuntimeFailure(failure.code),
+            retryable=failure.retryable,
+            detail=failure.detail[:500],
+            health=failure.health if isinstance(failure, RuntimeFailed) else None,
+        )
