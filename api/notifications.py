@@ -4,7 +4,8 @@ out to the held requests of the nodes the jobs belong to.
 The workers' relay publishes every job event to JetStream (`modelforge.v1.job.<id>.…`);
 a plain core subscription on those subjects sees each one as it is published. The
 envelope's `nodeid` names the node; `job.created` and `job.cancel_requested` are what a
-node wants to hear about (claim now; stop now). A notification is only a wake-up: it
+node wants to hear about (claim now; stop now), with the job's kind (schemas/events.py:
+JobEvent), so that only the node's loop for that kind claims. A notification is only a wake-up: it
 carries no work, and a node that missed one (no channel open, NATS down, its queue full)
 still finds the job on its next poll of `…/next`.
 
@@ -68,8 +69,11 @@ class NotificationHub:
             return
         if action not in NOTIFIED:
             return
+        carried = envelope.get("data")
+        job = carried if isinstance(carried, dict) else {}
+        # The kind lets the node wake only the loop that claims it (agent/jobs/wakeups.py).
         note = json.dumps(
-            {"event": action, "job_id": envelope.get("data", {}).get("job_id")},
+            {"event": action, "job_id": job.get("job_id"), "kind": job.get("kind")},
             separators=(",", ":"),
         )
         for queue in self._channels.get(node_id, ()):

@@ -27,8 +27,9 @@ RUNTIME_PROBES_NEXT: Final = f"{AGENT_PREFIX}/runtime-probes/next"
 RUNTIME_PROBE_PROGRESS: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/progress"
 RUNTIME_PROBE_COMPLETE: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/complete"
 RUNTIME_PROBE_FAIL: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/fail"
-# Server-sent events: `event: job` with `{"event": "job.created", "job_id": ...}` when
-# the node has work (or a cancel); comments as keep-alives. A wake-up, never the work.
+# Server-sent events: `event: job` with `{"event": "job.created", "job_id": ...,
+# "kind": "runtime.probe.v1"}` when the node has work (or a cancel); comments as
+# keep-alives. A wake-up, never the work; the kind says which of the node's loops claims.
 NOTIFICATIONS: Final = f"{AGENT_PREFIX}/notifications"
 
 ADMIN_PREFIX: Final = "/api/v1/admin"

@@ -5,6 +5,7 @@ is. Two real `modelforge api` processes on one database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -13,14 +14,25 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.protocol import ARTIFACT_JOBS, ARTIFACT_JOBS_NEXT, INVENTORY, NOTIFICATIONS
+from agent.client import ProtocolClient, make_http_client
+from agent.jobs.wakeups import Wakeups, listen
+from schemas.jobs import JobKind
+from schemas.protocol import (
+    ARTIFACT_JOBS,
+    ARTIFACT_JOBS_NEXT,
+    INVENTORY,
+    NOTIFICATIONS,
+    RUNTIME_PROBES,
+)
 from tests.api_processes import ADMIN, REFUSALS, api_processes, enrolled, refuse
 from tests.artifact_flows import MANIFEST, ROOT
-from tests.flows import inventory_body
+from tests.flows import EnrolledNode, inventory_body
 from tests.held_channel import channel
 from tests.pipeline import RunningPipeline
+from tests.runtime_flows import report_runtime
 
 KEEPALIVE_S = 0.5
+ARTIFACT_KIND = JobKind.ARTIFACT_ACQUIRE.value
 
 
 @pytest.fixture
@@ -64,7 +76,7 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             assert job.status_code == 201, job.text
             job_id = job.json()["id"]
             note = await asyncio.wait_for(mine.notes.get(), 10)
-            assert note == {"event": "job.created", "job_id": job_id}
+            assert note == {"event": "job.created", "job_id": job_id, "kind": ARTIFACT_KIND}
             # The wake-up leads to the claim, through either API.
             auth = {"Authorization": f"Bearer {credential}"}
             with httpx.Client(base_url=listening, timeout=10) as agent:
@@ -73,11 +85,56 @@ async def test_a_job_created_through_one_api_wakes_the_node_on_another(
             cancel = operator.post(f"{ARTIFACT_JOBS}/{job_id}/cancel", headers=ADMIN)
             assert cancel.status_code == 200, cancel.text
             note = await asyncio.wait_for(mine.notes.get(), 10)
-            assert note == {"event": "job.cancel_requested", "job_id": job_id}
+            assert note == {
+                "event": "job.cancel_requested",
+                "job_id": job_id,
+                "kind": ARTIFACT_KIND,
+            }
             # The other node heard nothing of it (a window for what must not arrive).
             await asyncio.sleep(0.5)
             assert theirs.notes.empty()
     assert other_id != node_id
+
+
+async def test_a_notification_wakes_only_the_loop_for_its_kind(two_apis: list[str]) -> None:
+    """The node's listener (agent/jobs/wakeups.py) over the real relay: an artifact job
+    wakes the artifact loop and not the runtime loop, a runtime job the other way."""
+    creating, listening = two_apis
+    with httpx.Client(base_url=creating, timeout=10) as operator:
+        node_id, credential = node_offering_roots(operator, "two-loops")
+        # A runtime job needs a device the node's runtime worker reported.
+        reported = report_runtime(operator, EnrolledNode(node_id, credential))
+        assert reported.status_code == 200, reported.text
+        wakeups = Wakeups()
+        artifact = wakeups.loop_for([JobKind.ARTIFACT_ACQUIRE])
+        runtime = wakeups.loop_for([JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH])
+        stop = asyncio.Event()
+        async with make_http_client(listening, trust_env=False) as http:
+            listener = asyncio.create_task(listen(ProtocolClient(http, credential), wakeups, stop))
+            try:
+                # Connected (and registered): every loop claims once, then only its kind.
+                await asyncio.wait_for(artifact.wait(), 10)
+                await asyncio.wait_for(runtime.wait(), 10)
+                artifact.clear()
+                runtime.clear()
+                body = {"node_id": node_id, "target_root": ROOT, "manifest": MANIFEST}
+                job = operator.post(ARTIFACT_JOBS, json=body, headers=ADMIN)
+                assert job.status_code == 201, job.text
+                await asyncio.wait_for(artifact.wait(), 10)
+                # Both are decided by the same note, so nothing is left to arrive.
+                assert not runtime.is_set()
+                artifact.clear()
+                body = {"kind": JobKind.RUNTIME_HEALTH.value, "node_id": node_id,
+                        "device_id": "cpu"}  # fmt: skip
+                job = operator.post(RUNTIME_PROBES, json=body, headers=ADMIN)
+                assert job.status_code == 201, job.text
+                await asyncio.wait_for(runtime.wait(), 10)
+                assert not artifact.is_set()
+            finally:
+                stop.set()
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
 
 
 def test_the_channel_refuses_without_a_valid_credential(two_apis: list[str]) -> None:

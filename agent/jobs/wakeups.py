@@ -74,11 +74,17 @@ async def _hold(client: ProtocolClient, wakeups: Wakeups) -> None:
     async with client.http.stream("GET", NOTIFICATIONS, headers=headers, timeout=timeout) as r:
         if r.status_code != 200:
             raise _Refused(f"HTTP {r.status_code}")
-        logger.info("job notifications: listening")
-        wakeups.every()  # anything created while the channel was down: claim now
+        listening = False
         event: str | None = None
         data: list[str] = []
         async for line in r.aiter_lines():
+            if not listening:
+                # The API sends its first line once the channel is registered: anything
+                # created before (while the channel was down) is claimed now, and
+                # anything after it is notified.
+                listening = True
+                logger.info("job notifications: listening")
+                wakeups.every()
             if line.startswith("event:"):
                 event = line.removeprefix("event:").strip()
             elif line.startswith("data:"):
