@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Discriminator, Field, Strict, Tag, field_validator
 
 from schemas.base import Count, FilePath, Number, RootPath, WireModel
-from schemas.jobs import Attempts, JobFailure, JobState, Lease, LeaseFence
+from schemas.jobs import Attempts, JobKind, JobState, JobView, Lease, LeaseFence
 
 # `owner/name` (or a bare `name`), as the Hub spells repository ids.
 REPOSITORY_PATTERN: Final = (
@@ -194,28 +194,11 @@ class ArtifactResult(WireModel):
     commit: str
 
 
-class LeaseView(WireModel):
-    epoch: int
-    expires_at: datetime
-
-
-class ArtifactJobView(WireModel):
-    id: uuid.UUID
-    kind: Literal["artifact.acquire.v1"] = "artifact.acquire.v1"
-    node_id: uuid.UUID
-    state: JobState
+class ArtifactJobView(JobView):
+    kind: Literal[JobKind.ARTIFACT_ACQUIRE]
     spec: ArtifactSpec
-    attempt: int
-    max_attempts: int
-    # Not claimable before this (a retry's backoff).
-    available_at: datetime
-    lease: LeaseView | None
-    cancel_requested: bool
     progress: ArtifactProgressView | None
-    failure: JobFailure | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+    result: ArtifactResult | None
 
 
 class ArtifactJobList(WireModel):

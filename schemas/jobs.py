@@ -106,12 +106,6 @@ ReportedFailure = Annotated[
 ]
 
 
-class JobFailure(WireModel):
-    code: FailureCode
-    retryable: bool
-    detail: str = ""
-
-
 class FailReport(WireModel):
     lease: LeaseFence
     code: ReportedFailure
@@ -133,3 +127,45 @@ class ProgressAnswer(WireModel):
     # The operator cancelled the job: stop, remove staging files, report fail(cancelled).
     cancel_requested: bool
     lease: Lease
+
+
+# What operators see ----------------------------------------------------------------------
+
+
+class LeaseView(WireModel):
+    """The lease a node holds now (a job that is not leased has none)."""
+
+    epoch: int
+    expires_at: datetime
+
+
+class JobFailureView(WireModel):
+    """Why the last attempt failed (a queued job waiting out its retry keeps it)."""
+
+    # A FailureCode, or one of the kind's own (schemas/runtime.py: RuntimeFailure).
+    code: str
+    retryable: bool
+    detail: str = ""
+
+
+class JobView(WireModel):
+    """What an operator sees of a job, the same for every kind: its state, attempts,
+    lease and failure. Each kind's view (schemas/artifacts.py: ArtifactJobView,
+    schemas/runtime.py: ProbeJobView, …) narrows `kind` to its own and adds what only
+    it has, typed: `spec` (what the lease carries), `progress` (the current attempt's
+    latest report) and `result` (what its completion established)."""
+
+    id: uuid.UUID
+    kind: JobKind
+    node_id: uuid.UUID
+    state: JobState
+    attempt: int
+    max_attempts: int
+    # Not claimable before this (a retry's backoff).
+    available_at: datetime
+    lease: LeaseView | None
+    cancel_requested: bool
+    failure: JobFailureView | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None

@@ -33,7 +33,7 @@ from schemas.base import (
     WireModel,
     json_integer,
 )
-from schemas.jobs import Attempts, JobState, Lease, LeaseFence
+from schemas.jobs import Attempts, JobKind, JobState, JobView, Lease, LeaseFence
 from schemas.llama_flags import profile_refusals, server_args_json_schema
 
 # A `server_args` entry's value: a scalar, each one argv element (never a shell string).
@@ -297,10 +297,13 @@ class DeviceJobClaim(WireModel):
 RuntimeClaim = Annotated[ProbeClaim | DeviceJobClaim, Field(discriminator="kind")]
 
 
+# Where a runtime job is: verifying its files, loading the model, probing it.
+Phase = Literal["verifying", "loading", "probing"]
+
+
 class ProbeProgress(WireModel):
     lease: LeaseFence
-    # Where the probe is: verifying, loading, probing.
-    phase: Literal["verifying", "loading", "probing"]
+    phase: Phase
 
 
 class ProbeHealth(WireModel):
@@ -429,36 +432,40 @@ class EvidenceList(WireModel):
     items: list[EvidenceView]
 
 
-class ProbeFailureView(WireModel):
-    # A RuntimeFailure, or the control plane's own verdict (lease_expired).
-    code: str
-    retryable: bool
-    detail: str = ""
+class RuntimeProgressView(WireModel):
+    phase: Phase
+    reported_at: datetime
 
 
-class ProbeView(WireModel):
-    id: uuid.UUID
-    kind: Literal["runtime.probe.v1", "runtime.health.v1", "runtime.unload.v1"]
-    node_id: uuid.UUID
-    state: JobState
-    spec: ProbeSpec | DeviceSpec
-    # A health or unload job's report (a probe's is its evidence, RUNTIME_EVIDENCE).
-    result: dict[str, Any] | None = None
-    attempt: int
-    max_attempts: int
-    available_at: datetime
-    lease_epoch: int
-    lease_expires_at: datetime | None
-    cancel_requested: bool
-    phase: str | None
-    failure: ProbeFailureView | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+class ProbeJobView(JobView):
+    kind: Literal[JobKind.RUNTIME_PROBE]
+    spec: ProbeSpec
+    progress: RuntimeProgressView | None
+    result: ProbeResult | None
 
 
-class ProbeList(WireModel):
-    items: list[ProbeView]
+class HealthJobView(JobView):
+    kind: Literal[JobKind.RUNTIME_HEALTH]
+    spec: DeviceSpec
+    progress: RuntimeProgressView | None
+    result: HealthResult | None
+
+
+class UnloadJobView(JobView):
+    kind: Literal[JobKind.RUNTIME_UNLOAD]
+    spec: DeviceSpec
+    progress: RuntimeProgressView | None
+    result: UnloadResult | None
+
+
+# A runtime job of any kind, as an operator sees it: the shared JobView, by `kind`.
+RuntimeJobView = Annotated[
+    ProbeJobView | HealthJobView | UnloadJobView, Field(discriminator="kind")
+]
+
+
+class RuntimeJobList(WireModel):
+    items: list[RuntimeJobView]
 
 
 class RuntimeProfileList(WireModel):

@@ -334,7 +334,8 @@ async def evidence(session: AsyncSession, node_id: uuid.UUID | None) -> list[Run
     return list((await session.execute(query)).scalars().all())
 
 
-async def get_probe(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+async def get_job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    """A runtime job of any kind (404 for none, or another kind's)."""
     job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
     if job is None or job.kind not in {k.value for k in KINDS}:
         raise Missing(f"no runtime job {job_id}", code=ErrorCode.NOT_FOUND)

@@ -13,12 +13,23 @@ from schemas.protocol import (
     RUNTIME_ENVIRONMENTS,
     RUNTIME_PROBE_COMPLETE,
     RUNTIME_PROBE_FAIL,
+    RUNTIME_PROBE_PROGRESS,
     RUNTIME_PROBES,
     RUNTIME_PROBES_NEXT,
     RUNTIME_PROFILES,
 )
 from tests.api_server import RunningApi
-from tests.artifact_flows import COMMIT, FILES, REPOSITORY, ROOT, claimed, complete, created, fence
+from tests.artifact_flows import (
+    COMMIT,
+    FILES,
+    REPOSITORY,
+    ROOT,
+    claimed,
+    complete,
+    created,
+    fence,
+    node_with_roots,
+)
 from tests.flows import EnrolledNode, now
 
 BINARY_SHA256 = hashlib.sha256(b"llama-server").hexdigest()
@@ -52,6 +63,14 @@ def acquire(client: httpx.Client, api: RunningApi, node: EnrolledNode) -> None:
     assert answer.status_code == 200 and answer.json()["state"] == "succeeded", answer.text
 
 
+def ready_node(client: httpx.Client, api: RunningApi, hostname: str = "gpu-host-1") -> EnrolledNode:
+    """A node with the artifact file in its inventory and a reported binary."""
+    node = node_with_roots(client, api, hostname=hostname)
+    acquire(client, api, node)
+    assert report_runtime(client, node).status_code == 200
+    return node
+
+
 def environment_id(client: httpx.Client, api: RunningApi) -> str:
     response = client.get(RUNTIME_ENVIRONMENTS, headers=api.admin_headers)
     assert response.status_code == 200, response.text
@@ -82,6 +101,14 @@ def create_probe(client: httpx.Client, api: RunningApi, body: dict[str, Any]) ->
     return client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
 
 
+def runtime_job(client: httpx.Client, api: RunningApi, job_id: str) -> dict[str, Any]:
+    """A runtime job of any kind, as an operator sees it."""
+    response = client.get(f"{RUNTIME_PROBES}/{job_id}", headers=api.admin_headers)
+    assert response.status_code == 200, response.text
+    view: dict[str, Any] = response.json()
+    return view
+
+
 def claim_probe(client: httpx.Client, node: EnrolledNode) -> httpx.Response:
     return client.get(RUNTIME_PROBES_NEXT, headers=node.headers)
 
@@ -103,6 +130,13 @@ def complete_probe(
 ) -> httpx.Response:
     path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
     return client.post(path, json=evidence_report(lease), headers=node.headers)
+
+
+def probe_progress(
+    client: httpx.Client, node: EnrolledNode, job_id: str, lease: dict[str, Any], phase: str
+) -> httpx.Response:
+    path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
+    return client.post(path, json={"lease": lease, "phase": phase}, headers=node.headers)
 
 
 def fail_probe(

@@ -24,9 +24,9 @@ from tests.runtime_flows import (
     create_profile,
     environment_id,
     probe_body,
+    ready_node,
 )
 from tests.services import admin_execute
-from tests.test_runtime_probes import ready_node
 
 # One flag of every family that must never reach a node from the control plane, with a
 # value of the kind it takes.

@@ -22,12 +22,11 @@ from schemas.protocol import (
 from tests.admin_helpers import ok, patch_node, refused
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import fence, node_with_roots
-from tests.flows import EnrolledNode, released_together
+from tests.flows import released_together
 from tests.runtime_flows import (
     ARTIFACT_PATH,
     ARTIFACT_SHA256,
     BINARY_SHA256,
-    acquire,
     claim_probe,
     complete_probe,
     create_probe,
@@ -36,7 +35,9 @@ from tests.runtime_flows import (
     evidence_report,
     fail_probe,
     probe_body,
+    ready_node,
     report_runtime,
+    runtime_job,
     runtime_report,
 )
 
@@ -44,14 +45,6 @@ from tests.runtime_flows import (
 @pytest.fixture
 def runtime_api(api_factory: ApiFactory) -> RunningApi:
     return api_factory(job_retry_base_s=0.2, job_retry_max_s=0.5, job_lease_s=30)
-
-
-def ready_node(client: httpx.Client, api: RunningApi, hostname: str = "gpu-host-1") -> EnrolledNode:
-    """A node with the artifact file in its inventory and a reported binary."""
-    node = node_with_roots(client, api, hostname=hostname)
-    acquire(client, api, node)
-    assert report_runtime(client, node).status_code == 200
-    return node
 
 
 # ------------------------------------------------------------------------------ profiles
@@ -196,6 +189,10 @@ def test_claim_fence_and_evidence(runtime_api: RunningApi) -> None:
         assert evidence["evidence"]["generation_tokens_per_s"] == 60.0
         assert evidence["health"]["inference_ok"] is True
         assert evidence["job_id"] == probe["id"]
+        # The job keeps what it measured, though later evidence may replace the latest.
+        result = runtime_job(client, api, probe["id"])["result"]
+        assert result["device_id"] == "cpu" and result["health"] == evidence["health"]
+        assert result["evidence"] == evidence["evidence"]
 
 
 def test_a_typed_failure_retries_or_ends(runtime_api: RunningApi) -> None:
@@ -224,7 +221,7 @@ def test_a_typed_failure_retries_or_ends(runtime_api: RunningApi) -> None:
         final = ok(fail_probe(client, node, probe["id"], fence(second),
                               "artifact_digest_mismatch", retryable=False))  # fmt: skip
         assert final["state"] == "failed"
-        view = ok(client.get(f"{RUNTIME_PROBES}/{probe['id']}", headers=api.admin_headers))
+        view = runtime_job(client, api, probe["id"])
         assert view["failure"]["code"] == "artifact_digest_mismatch"
 
 
@@ -266,7 +263,7 @@ def test_health_and_unload_jobs_for_a_reported_device(runtime_api: RunningApi) -
         report = {"kind": "runtime.health.v1", "lease": fence(claim), "device_id": "cpu",
                   "health": health, "loaded_model": "smol"}  # fmt: skip
         assert ok(client.post(path, json=report, headers=node.headers))["state"] == "succeeded"
-        view = ok(client.get(f"{RUNTIME_PROBES}/{job['id']}", headers=api.admin_headers))
+        view = runtime_job(client, api, job["id"])
         assert view["result"] == {"device_id": "cpu", "health": health, "loaded_model": "smol"}
         listed = ok(client.get(RUNTIME_PROBES, params={"node_id": node.node_id},
                                headers=api.admin_headers))  # fmt: skip

@@ -5,12 +5,12 @@ them (api/admin/routes.py)."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.admin.views import artifact_job_view
 from api.deps import AdminTransaction, State
 from api.errors import NotFound, error_responses
 from schemas.admin import PageLimit
@@ -18,70 +18,19 @@ from schemas.artifacts import (
     ArtifactFile,
     ArtifactJobList,
     ArtifactJobView,
-    ArtifactProgressView,
     CreateArtifactJob,
     CreateFromManifest,
-    LeaseView,
     NodeArtifact,
     NodeArtifactList,
 )
 from schemas.base import CountParam
 from schemas.events import OPERATOR_ACTOR
-from schemas.jobs import FailureCode, JobFailure, JobState
+from schemas.jobs import JobState
 from schemas.protocol import ARTIFACT_JOBS, NODES
 from store import artifacts, leases, nodes
 from store.models import Job, Node
 
 router = APIRouter()
-
-
-def job_view(job: Job) -> ArtifactJobView:
-    progress = job.progress
-    failure = (
-        JobFailure(
-            code=FailureCode(job.failure_code),
-            retryable=bool(job.failure_retryable),
-            detail=job.failure_detail or "",
-        )
-        if job.failure_code
-        else None
-    )
-    return ArtifactJobView(
-        id=job.id,
-        node_id=job.node_id,
-        state=JobState(job.state),
-        spec=artifacts.spec_of(job),
-        attempt=job.attempt,
-        max_attempts=job.max_attempts,
-        available_at=job.available_at,
-        lease=(
-            LeaseView(epoch=job.lease_epoch, expires_at=job.lease_expires_at)
-            if job.state == JobState.LEASED.value and job.lease_expires_at is not None
-            else None
-        ),
-        cancel_requested=job.cancel_requested_at is not None,
-        progress=_progress_view(progress) if progress else None,
-        failure=failure,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        finished_at=job.finished_at,
-    )
-
-
-def _progress_view(progress: dict[str, Any]) -> ArtifactProgressView:
-    done = int(progress["bytes_done"])
-    total = int(progress["bytes_total"])
-    rate = progress.get("bytes_per_s")
-    rate_f = float(rate) if rate is not None else None
-    return ArtifactProgressView(
-        bytes_done=done,
-        bytes_total=total,
-        files_done=int(progress["files_done"]),
-        files_total=int(progress["files_total"]),
-        bytes_per_s=rate_f,
-        eta_s=(total - done) / rate_f if rate_f else None,
-        reported_at=datetime.fromisoformat(progress["reported_at"]),
-    )
 
 
 async def _job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
@@ -109,7 +58,7 @@ async def create_artifact_job(
     else:
         manifest = await state.manifests.resolve(body.resolve)
     job = await artifacts.create(session, body, manifest, actor=OPERATOR_ACTOR)
-    return job_view(job)
+    return artifact_job_view(job)
 
 
 @router.get(ARTIFACT_JOBS)
@@ -128,12 +77,12 @@ async def list_artifact_jobs(
         limit=limit,
         offset=offset,
     )
-    return ArtifactJobList(items=[job_view(job) for job in rows])
+    return ArtifactJobList(items=[artifact_job_view(job) for job in rows])
 
 
 @router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
 async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
-    return job_view(await _job(session, job_id))
+    return artifact_job_view(await _job(session, job_id))
 
 
 @router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
@@ -142,7 +91,7 @@ async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> A
     report (409 once the job has ended)."""
     job = await _job(session, job_id, lock=True)
     leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
-    return job_view(job)
+    return artifact_job_view(job)
 
 
 @router.get(NODES + "/{node_id}/artifacts", responses=error_responses(404))

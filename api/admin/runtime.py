@@ -1,6 +1,7 @@
 """Operator routes for the runtime: profiles (immutable versions), environments (the
-binaries nodes reported), runtime probes (create, list, get, cancel), their evidence,
-and a node's last runtime report. Included in the admin router (operator check)."""
+binaries nodes reported), runtime jobs of every kind (create, list, get, cancel; shown
+through the one job view, api/admin/views.py), probe evidence, and a node's last
+runtime report. Included in the admin router (operator check)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.admin.views import runtime_job_view
 from api.deps import AdminTransaction
 from api.errors import NotFound, error_responses
 from schemas.admin import PageLimit
@@ -26,23 +27,25 @@ from schemas.protocol import (
 from schemas.runtime import (
     EvidenceList,
     EvidenceView,
+    HealthJobView,
     ProbeCreate,
     ProbeEvidence,
-    ProbeFailureView,
     ProbeHealth,
-    ProbeList,
-    ProbeView,
+    ProbeJobView,
     ProfileCreate,
     ProfileName,
     RuntimeEnvironmentList,
     RuntimeEnvironmentView,
     RuntimeJobCreate,
+    RuntimeJobList,
+    RuntimeJobView,
     RuntimeProfileList,
     RuntimeProfileView,
+    UnloadJobView,
 )
 from schemas.runtime_local import NodeRuntimeView
 from store import leases, nodes, runtime
-from store.models import Job, Node
+from store.models import Node
 from store.runtime_tables import RuntimeEnvironment, RuntimeProfile
 
 router = APIRouter()
@@ -66,37 +69,6 @@ def environment_view(environment: RuntimeEnvironment) -> RuntimeEnvironmentView:
         backend=environment.backend,
         first_reported_at=environment.first_reported_at,
         first_node_id=environment.first_node_id,
-    )
-
-
-def probe_view(job: Job) -> ProbeView:
-    failure = (
-        ProbeFailureView(
-            code=job.failure_code,
-            retryable=bool(job.failure_retryable),
-            detail=job.failure_detail or "",
-        )
-        if job.failure_code
-        else None
-    )
-    return ProbeView(
-        id=job.id,
-        kind=job.kind,
-        node_id=job.node_id,
-        state=JobState(job.state),
-        spec=runtime.spec_of(job),
-        result=job.result,
-        attempt=job.attempt,
-        max_attempts=job.max_attempts,
-        available_at=job.available_at,
-        lease_epoch=job.lease_epoch,
-        lease_expires_at=job.lease_expires_at if job.state == JobState.LEASED.value else None,
-        cancel_requested=job.cancel_requested_at is not None,
-        phase=(job.progress or {}).get("phase"),
-        failure=failure,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        finished_at=job.finished_at,
     )
 
 
@@ -135,10 +107,17 @@ async def list_runtime_environments(session: AdminTransaction) -> RuntimeEnviron
     return RuntimeEnvironmentList(items=[environment_view(e) for e in rows])
 
 
+# What each runtime route answers: a job of any runtime kind, shown by its `kind`.
+AnyRuntimeJob = ProbeJobView | HealthJobView | UnloadJobView
+
+
 @router.post(
-    RUNTIME_PROBES, status_code=status.HTTP_201_CREATED, responses=error_responses(404, 409)
+    RUNTIME_PROBES,
+    status_code=status.HTTP_201_CREATED,
+    response_model=RuntimeJobView,
+    responses=error_responses(404, 409),
 )
-async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) -> ProbeView:
+async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) -> AnyRuntimeJob:
     """A runtime.probe.v1 job (the default kind): the artifact resolved from the node's
     artifact inventory, the profile and environment by identity, the fixed probe input.
     Or, by `kind`, a runtime.health.v1 or runtime.unload.v1 job for one device."""
@@ -146,17 +125,18 @@ async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) 
         job = await runtime.create_probe(session, body, actor=OPERATOR_ACTOR)
     else:
         job = await runtime.create_device_job(session, body, actor=OPERATOR_ACTOR)
-    return probe_view(job)
+    return runtime_job_view(job)
 
 
 @router.get(RUNTIME_PROBES)
-async def list_runtime_probes(
+async def list_runtime_jobs(
     session: AdminTransaction,
     node_id: uuid.UUID | None = None,
     state: Annotated[list[JobState] | None, Query()] = None,
     limit: PageLimit = 100,
     offset: CountParam = 0,
-) -> ProbeList:
+) -> RuntimeJobList:
+    """Runtime jobs of every kind, newest first."""
     rows = await leases.list_jobs(
         session,
         kind=runtime.KINDS,
@@ -165,23 +145,25 @@ async def list_runtime_probes(
         limit=limit,
         offset=offset,
     )
-    return ProbeList(items=[probe_view(job) for job in rows])
+    return RuntimeJobList(items=[runtime_job_view(job) for job in rows])
 
 
-async def _probe(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
-    return await runtime.get_probe(session, job_id, lock=lock)
+@router.get(
+    RUNTIME_PROBES + "/{job_id}", response_model=RuntimeJobView, responses=error_responses(404)
+)
+async def get_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRuntimeJob:
+    return runtime_job_view(await runtime.get_job(session, job_id))
 
 
-@router.get(RUNTIME_PROBES + "/{job_id}", responses=error_responses(404))
-async def get_runtime_probe(job_id: uuid.UUID, session: AdminTransaction) -> ProbeView:
-    return probe_view(await _probe(session, job_id))
-
-
-@router.post(RUNTIME_PROBES + "/{job_id}/cancel", responses=error_responses(404, 409))
-async def cancel_runtime_probe(job_id: uuid.UUID, session: AdminTransaction) -> ProbeView:
-    job = await _probe(session, job_id, lock=True)
+@router.post(
+    RUNTIME_PROBES + "/{job_id}/cancel",
+    response_model=RuntimeJobView,
+    responses=error_responses(404, 409),
+)
+async def cancel_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRuntimeJob:
+    job = await runtime.get_job(session, job_id, lock=True)
     leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
-    return probe_view(job)
+    return runtime_job_view(job)
 
 
 @router.get(RUNTIME_EVIDENCE)

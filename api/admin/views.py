@@ -1,6 +1,11 @@
-"""Rows to admin wire models."""
+"""Rows to admin wire models. Jobs of every kind are shown through one builder
+(job_view): the fields JobView shares are read the same way for all of them, and each
+kind adds only its typed spec, progress and result."""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeVar
 
 from schemas.admin import (
     GpuInfo,
@@ -12,7 +17,22 @@ from schemas.admin import (
     TelemetryView,
 )
 from schemas.agent import NotAppliedReason
-from store.models import Gpu, Node, NodeStream
+from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult
+from schemas.jobs import JobFailureView, JobKind, JobState, JobView, LeaseView
+from schemas.runtime import (
+    DeviceSpec,
+    HealthJobView,
+    HealthResult,
+    ProbeJobView,
+    ProbeResult,
+    RuntimeProgressView,
+    UnloadJobView,
+    UnloadResult,
+)
+from store import artifacts, results, runtime
+from store.models import Gpu, Job, Node, NodeStream
+
+V = TypeVar("V", bound=JobView)
 
 
 def node_summary(node: Node, liveness: str) -> NodeSummary:
@@ -87,3 +107,95 @@ def node_detail(
         telemetry_stream=stream_state(telemetry),
         gpus=[gpu_info(gpu) for gpu in gpus],
     )
+
+
+# Jobs -------------------------------------------------------------------------------------
+
+
+def job_view(view: type[V], job: Job, **kind_parts: Any) -> V:
+    """The job as its kind's view: the shared fields, then `kind_parts` (spec, progress,
+    result) as that kind types them."""
+    return view(
+        id=job.id,
+        kind=JobKind(job.kind),
+        node_id=job.node_id,
+        state=JobState(job.state),
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        available_at=job.available_at,
+        lease=(
+            LeaseView(epoch=job.lease_epoch, expires_at=job.lease_expires_at)
+            if job.state == JobState.LEASED and job.lease_expires_at is not None
+            else None
+        ),
+        cancel_requested=job.cancel_requested_at is not None,
+        failure=(
+            JobFailureView(
+                code=job.failure_code,
+                retryable=bool(job.failure_retryable),
+                detail=job.failure_detail or "",
+            )
+            if job.failure_code
+            else None
+        ),
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+        **kind_parts,
+    )
+
+
+def artifact_job_view(job: Job) -> ArtifactJobView:
+    return job_view(
+        ArtifactJobView,
+        job,
+        spec=artifacts.spec_of(job),
+        progress=_artifact_progress(job.progress) if job.progress else None,
+        result=results.read(job, ArtifactResult),
+    )
+
+
+def _artifact_progress(progress: dict[str, Any]) -> ArtifactProgressView:
+    done = int(progress["bytes_done"])
+    total = int(progress["bytes_total"])
+    rate = progress.get("bytes_per_s")
+    rate_f = float(rate) if rate is not None else None
+    return ArtifactProgressView(
+        bytes_done=done,
+        bytes_total=total,
+        files_done=int(progress["files_done"]),
+        files_total=int(progress["files_total"]),
+        bytes_per_s=rate_f,
+        eta_s=(total - done) / rate_f if rate_f else None,
+        reported_at=datetime.fromisoformat(progress["reported_at"]),
+    )
+
+
+def runtime_job_view(job: Job) -> ProbeJobView | HealthJobView | UnloadJobView:
+    progress = RuntimeProgressView.model_validate(job.progress) if job.progress else None
+    match JobKind(job.kind):
+        case JobKind.RUNTIME_PROBE:
+            return job_view(
+                ProbeJobView,
+                job,
+                spec=runtime.probe_spec(job),
+                progress=progress,
+                result=results.read(job, ProbeResult),
+            )
+        case JobKind.RUNTIME_HEALTH:
+            return job_view(
+                HealthJobView,
+                job,
+                spec=DeviceSpec.model_validate(job.spec),
+                progress=progress,
+                result=results.read(job, HealthResult),
+            )
+        case JobKind.RUNTIME_UNLOAD:
+            return job_view(
+                UnloadJobView,
+                job,
+                spec=DeviceSpec.model_validate(job.spec),
+                progress=progress,
+                result=results.read(job, UnloadResult),
+            )
+    raise ValueError(f"{job.kind} is not a runtime job")
