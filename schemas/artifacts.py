@@ -209,7 +209,7 @@ class ArtifactClaim(WireModel):
     """GET …/artifact-jobs/next: one job of the calling node and its lease."""
 
     job_id: uuid.UUID
-    kind: Literal["artifact.acquire.v1"] = "artifact.acquire.v1"
+    kind: Literal[JobKind.ARTIFACT_ACQUIRE] = JobKind.ARTIFACT_ACQUIRE
     attempt: int
     spec: ArtifactSpec
     lease: Lease

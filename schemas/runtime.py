@@ -191,9 +191,8 @@ PROBE_MAX_TOKENS: Final = 8
 DeviceId = Annotated[str, Strict(), Field(pattern=r"^(cpu|gpu:[0-9]{1,4})$")]
 
 
-PROBE_KIND: Final = "runtime.probe.v1"
-HEALTH_KIND: Final = "runtime.health.v1"
-UNLOAD_KIND: Final = "runtime.unload.v1"
+# The runtime kinds that name only a device: health and unload.
+DeviceKind = Literal[JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD]
 
 
 class ProbeCreate(WireModel):
@@ -201,7 +200,7 @@ class ProbeCreate(WireModel):
     to its exact path and digest on the node; the job carries nothing else but
     identities."""
 
-    kind: Literal["runtime.probe.v1"] = PROBE_KIND
+    kind: Literal[JobKind.RUNTIME_PROBE] = JobKind.RUNTIME_PROBE
     node_id: uuid.UUID
     artifact: ArtifactRef
     profile_id: uuid.UUID
@@ -216,7 +215,7 @@ class DeviceJobCreate(WireModel):
     server, with a one-token inference) or runtime.unload.v1 (stop it, report the time
     the device took to show its memory freed)."""
 
-    kind: Literal["runtime.health.v1", "runtime.unload.v1"]
+    kind: DeviceKind
     node_id: uuid.UUID
     device_id: DeviceId
     max_attempts: Attempts = 3
@@ -225,16 +224,17 @@ class DeviceJobCreate(WireModel):
 def _kind_of(value: Any) -> str | None:
     """The form a create body takes, by its `kind`; None (a 422) for what is no object."""
     if isinstance(value, dict):
-        kind = value.get("kind", PROBE_KIND)
+        kind = value.get("kind", JobKind.RUNTIME_PROBE)
     elif isinstance(value, ProbeCreate | DeviceJobCreate):
         kind = value.kind
     else:
         return None
-    return PROBE_KIND if kind == PROBE_KIND else "device"
+    return JobKind.RUNTIME_PROBE.value if kind == JobKind.RUNTIME_PROBE else "device"
 
 
 RuntimeJobCreate = Annotated[
-    Annotated[ProbeCreate, Tag(PROBE_KIND)] | Annotated[DeviceJobCreate, Tag("device")],
+    Annotated[ProbeCreate, Tag(JobKind.RUNTIME_PROBE.value)]
+    | Annotated[DeviceJobCreate, Tag("device")],
     Discriminator(_kind_of),
 ]
 
@@ -279,7 +279,7 @@ class DeviceSpec(WireModel):
 
 class ProbeClaim(WireModel):
     job_id: uuid.UUID
-    kind: Literal["runtime.probe.v1"] = PROBE_KIND
+    kind: Literal[JobKind.RUNTIME_PROBE] = JobKind.RUNTIME_PROBE
     attempt: int
     spec: ProbeSpec
     lease: Lease
@@ -287,7 +287,7 @@ class ProbeClaim(WireModel):
 
 class DeviceJobClaim(WireModel):
     job_id: uuid.UUID
-    kind: Literal["runtime.health.v1", "runtime.unload.v1"]
+    kind: DeviceKind
     attempt: int
     spec: DeviceSpec
     lease: Lease
@@ -332,7 +332,7 @@ class ProbeEvidence(WireModel):
 
 
 class ProbeComplete(WireModel):
-    kind: Literal["runtime.probe.v1"] = PROBE_KIND
+    kind: Literal[JobKind.RUNTIME_PROBE] = JobKind.RUNTIME_PROBE
     lease: LeaseFence
     device_id: DeviceId
     health: ProbeHealth
@@ -340,7 +340,7 @@ class ProbeComplete(WireModel):
 
 
 class HealthComplete(WireModel):
-    kind: Literal["runtime.health.v1"]
+    kind: Literal[JobKind.RUNTIME_HEALTH]
     lease: LeaseFence
     device_id: DeviceId
     health: ProbeHealth
@@ -348,7 +348,7 @@ class HealthComplete(WireModel):
 
 
 class UnloadComplete(WireModel):
-    kind: Literal["runtime.unload.v1"]
+    kind: Literal[JobKind.RUNTIME_UNLOAD]
     lease: LeaseFence
     device_id: DeviceId
     unloaded_model: Annotated[Text, Field(max_length=128)] | None = None
@@ -358,7 +358,7 @@ class UnloadComplete(WireModel):
 
 def _completed_kind(value: Any) -> str | None:
     if isinstance(value, dict):
-        return str(value.get("kind", PROBE_KIND))
+        return str(value.get("kind", JobKind.RUNTIME_PROBE.value))
     if isinstance(value, ProbeComplete | HealthComplete | UnloadComplete):
         return value.kind
     return None
@@ -366,9 +366,9 @@ def _completed_kind(value: Any) -> str | None:
 
 # POST …/runtime-probes/{id}/complete: the body of the job's kind (a probe's by default).
 RuntimeComplete = Annotated[
-    Annotated[ProbeComplete, Tag(PROBE_KIND)]
-    | Annotated[HealthComplete, Tag(HEALTH_KIND)]
-    | Annotated[UnloadComplete, Tag(UNLOAD_KIND)],
+    Annotated[ProbeComplete, Tag(JobKind.RUNTIME_PROBE.value)]
+    | Annotated[HealthComplete, Tag(JobKind.RUNTIME_HEALTH.value)]
+    | Annotated[UnloadComplete, Tag(JobKind.RUNTIME_UNLOAD.value)],
     Discriminator(_completed_kind),
 ]
 

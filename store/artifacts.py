@@ -29,7 +29,6 @@ from store import changes, leases, nodes
 from store.errors import Invalid
 from store.models import Job, Node, NodeArtifact, NodeStream
 
-KIND = JobKind.ARTIFACT_ACQUIRE
 MILESTONES = (25, 50, 75)
 
 
@@ -76,7 +75,9 @@ async def create(
         target_root=request.target_root,
         reserve=request.reserve,
     )
-    return await leases.queue(session, KIND, node.id, spec, request.max_attempts, actor=actor)
+    return await leases.queue(
+        session, JobKind.ARTIFACT_ACQUIRE, node.id, spec, request.max_attempts, actor=actor
+    )
 
 
 def spec_of(job: Job) -> ArtifactSpec:
@@ -201,4 +202,4 @@ async def node_artifacts(session: AsyncSession, node_id: uuid.UUID) -> list[Node
 
 async def get_job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
     job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
-    return job if job is not None and job.kind == KIND.value else None
+    return job if job is not None and job.kind == JobKind.ARTIFACT_ACQUIRE else None

@@ -1,7 +1,7 @@
 """Runtime rules shared by the API and the workers: profiles as immutable versions,
 environments as the binaries nodes reported, the runtime workers' reports in sequence
-order, and runtime.probe.v1 jobs over the shared leases (store/leases.py) with the
-evidence their completion records."""
+order, and the runtime jobs (probe, health, unload) over the shared leases
+(store/leases.py) with the results and the evidence their completion records."""
 
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ from store.errors import Invalid, Missing
 from store.models import Job, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
 
-PROBE = JobKind.RUNTIME_PROBE
 # Every kind the runtime worker claims through …/runtime-probes/next.
 KINDS = (JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD)
 RUNTIME_STREAM = "runtime"
@@ -135,7 +134,7 @@ async def node_runtime(session: AsyncSession, node_id: uuid.UUID) -> dict[str, A
     return payload
 
 
-# ------------------------------------------------------------------ probes
+# ------------------------------------------------------------------ jobs
 
 
 async def _artifact_file(
@@ -216,7 +215,9 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
         binary_sha256=environment.binary_sha256,
         device_id=request.device_id,
     )
-    return await leases.queue(session, PROBE, node.id, spec, request.max_attempts, actor=actor)
+    return await leases.queue(
+        session, JobKind.RUNTIME_PROBE, node.id, spec, request.max_attempts, actor=actor
+    )
 
 
 async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, actor: str) -> Job:
@@ -242,7 +243,7 @@ async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, 
 
 
 def spec_of(job: Job) -> ProbeSpec | DeviceSpec:
-    if job.kind == PROBE.value:
+    if job.kind == JobKind.RUNTIME_PROBE:
         return ProbeSpec.model_validate(job.spec)
     return DeviceSpec.model_validate(job.spec)
 

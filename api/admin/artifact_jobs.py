@@ -25,7 +25,7 @@ from schemas.artifacts import (
 )
 from schemas.base import CountParam
 from schemas.events import OPERATOR_ACTOR
-from schemas.jobs import JobState
+from schemas.jobs import JobKind, JobState
 from schemas.protocol import ARTIFACT_JOBS, NODES
 from store import artifacts, leases, nodes
 from store.models import Job, Node
@@ -71,7 +71,7 @@ async def list_artifact_jobs(
 ) -> ArtifactJobList:
     rows = await leases.list_jobs(
         session,
-        kind=artifacts.KIND,
+        kind=JobKind.ARTIFACT_ACQUIRE,
         node_id=node_id,
         states=state or [],
         limit=limit,

@@ -23,6 +23,7 @@ from schemas.jobs import (
     FailAnswer,
     FailReport,
     FailureCode,
+    JobKind,
     JobState,
     ProgressAnswer,
 )
@@ -48,7 +49,7 @@ async def claim_artifact_job(request: NodeTransaction) -> ArtifactClaim | Respon
     """At most one of the calling node's queued jobs, leased to it; 204 when none."""
     job = await leases.claim(
         request.session,
-        kind=artifacts.KIND,
+        kind=JobKind.ARTIFACT_ACQUIRE,
         node_id=request.node.node_id,
         policy=request.state.leases,
         actor=node_actor(request.node.node_id),
@@ -68,7 +69,7 @@ async def report_artifact_progress(
     job_id: uuid.UUID, body: ProgressReport, request: NodeTransaction
 ) -> ProgressAnswer:
     """Bytes per file; extends the lease. The answer says whether to stop (cancelled)."""
-    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
+    job, now = await leased.held(request, JobKind.ARTIFACT_ACQUIRE, job_id, body.lease)
     artifacts.record_progress(
         request.session, job, body, now, actor=node_actor(request.node.node_id)
     )
@@ -81,7 +82,7 @@ async def complete_artifact_job(
 ) -> CompleteAnswer:
     """The verified inventory. A match records the artifact on the node; a mismatch
     fails the job (inventory_mismatch): either way the answer is 200 with the outcome."""
-    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
+    job, now = await leased.held(request, JobKind.ARTIFACT_ACQUIRE, job_id, body.lease)
     mismatches = await artifacts.complete(
         request.session,
         job,
@@ -98,7 +99,7 @@ async def fail_artifact_job(
     job_id: uuid.UUID, body: FailReport, request: NodeTransaction
 ) -> FailAnswer:
     """A typed failure. Retried with backoff while it may help and attempts remain."""
-    job, now = await leased.held(request, artifacts.KIND, job_id, body.lease)
+    job, now = await leased.held(request, JobKind.ARTIFACT_ACQUIRE, job_id, body.lease)
     return leased.failed(
         request,
         job,

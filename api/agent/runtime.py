@@ -1,6 +1,7 @@
 """The runtime worker's protocol routes: its report stream (ordered like inventory), and
-runtime.probe.v1 jobs over the shared leases (store/leases.py), with the same fencing
-as artifact jobs: only the node the probe belongs to, under its current lease."""
+the runtime jobs (probe, health, unload) over the shared leases (store/leases.py), with
+the same fencing as artifact jobs: only the node the job belongs to, under its current
+lease."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from api.deps import NodeTransaction
 from api.errors import error_responses
 from schemas.agent import IngestResult
 from schemas.events import node_actor
-from schemas.jobs import FailAnswer, JobState, ProgressAnswer
+from schemas.jobs import FailAnswer, JobKind, JobState, ProgressAnswer
 from schemas.protocol import (
     RUNTIME,
     RUNTIME_PROBE_COMPLETE,
@@ -67,7 +68,7 @@ async def claim_runtime_job(request: NodeTransaction) -> ProbeClaim | DeviceJobC
     if job is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     lease = leases.lease_of(job, request.state.leases)
-    if job.kind == runtime.PROBE.value:
+    if job.kind == JobKind.RUNTIME_PROBE:
         return ProbeClaim(
             job_id=job.id, attempt=job.attempt, spec=runtime.probe_spec(job), lease=lease
         )
@@ -81,7 +82,7 @@ async def claim_runtime_job(request: NodeTransaction) -> ProbeClaim | DeviceJobC
 
 
 @router.post(RUNTIME_PROBE_PROGRESS, responses=REPORT)
-async def report_probe_progress(
+async def report_runtime_progress(
     job_id: uuid.UUID, body: ProbeProgress, request: NodeTransaction
 ) -> ProgressAnswer:
     """The phase; extends the lease. The answer says whether to stop (cancelled)."""
@@ -103,7 +104,7 @@ async def complete_runtime_job(
 
 
 @router.post(RUNTIME_PROBE_FAIL, responses=REPORT)
-async def fail_runtime_probe(
+async def fail_runtime_job(
     job_id: uuid.UUID, body: ProbeFail, request: NodeTransaction
 ) -> FailAnswer:
     """A normalised runtime failure. Retried with backoff while it may help."""
