@@ -45,8 +45,11 @@ _SEGMENT: Final = rf"(?:{_NON_DOT}{_CHAR}*|\.{_NON_DOT}{_CHAR}*|\.\.{_CHAR}+)"
 _UNSAFE: Final = r"/\\\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _FILE_CHAR: Final = rf"[^{_UNSAFE}]"
 _FILE_NON_DOT: Final = rf"[^.{_UNSAFE}]"
+# At most 255 characters a segment, which the pattern can say; the limit in UTF-8 bytes
+# (MAX_SEGMENT_BYTES) it cannot, and the validator checks that on its own.
 _FILE_SEGMENT: Final = (
-    rf"(?:{_FILE_NON_DOT}{_FILE_CHAR}*|\.{_FILE_NON_DOT}{_FILE_CHAR}*|\.\.{_FILE_CHAR}+)"
+    rf"(?:{_FILE_NON_DOT}{_FILE_CHAR}{{0,254}}|\.{_FILE_NON_DOT}{_FILE_CHAR}{{0,253}}"
+    rf"|\.\.{_FILE_CHAR}{{1,253}})"
 )
 FILE_PATH_PATTERN: Final = rf"^{_FILE_SEGMENT}(?:/{_FILE_SEGMENT})*$"
 # What most filesystems hold in one name (NAME_MAX), in bytes.
