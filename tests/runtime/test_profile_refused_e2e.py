@@ -12,39 +12,17 @@ from pathlib import Path
 import psutil
 
 from schemas.protocol import RUNTIME_PROBES, RUNTIME_PROFILES
-from tests.agent.artifact_agent import StartAgent, ended
-from tests.api_server import RunningApi
-from tests.hub_server import HubServer
-from tests.runtime.test_runtime_probes_e2e import (
-    COMMIT,
-    GGUF,
-    REPO,
-    StartRuntime,
-    node_with_model,
-    probe,
-    probe_api,
-    reported_environment,
-    runtime_beside,
-)
+from tests.agent.artifact_agent import ended
+from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode, probe
 from tests.runtime_flows import create_profile
 from tests.services import admin_execute
 
-__all__ = ["probe_api"]
-
 
 def test_a_job_with_tool_flags_slipped_past_the_api_is_refused_on_the_node(
-    probe_api: RunningApi,
-    agents: StartAgent,
-    runtimes: StartRuntime,
-    hub: HubServer,
-    tmp_path: Path,
-    llama_server: Path,
-    instruct_model: Path,
+    probe_node: ProbeNode, llama_server: Path
 ) -> None:
-    api = probe_api
-    node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
-    runtime = runtime_beside(runtimes, api, state, llama_server)
-    environment = reported_environment(api, node_id, llama_server)
+    api, node_id = probe_node.api, probe_node.node_id
+    runtime, environment = probe_node.runtime()
     # The worker is away while the job is created and changed, so it cannot claim the
     # clean version first.
     runtime.stop()
@@ -75,18 +53,10 @@ def test_a_job_with_tool_flags_slipped_past_the_api_is_refused_on_the_node(
 
 
 def test_a_draft_model_is_an_artifact_resolved_to_the_verified_file(
-    probe_api: RunningApi,
-    agents: StartAgent,
-    runtimes: StartRuntime,
-    hub: HubServer,
-    tmp_path: Path,
-    llama_server: Path,
-    instruct_model: Path,
+    probe_node: ProbeNode,
 ) -> None:
-    api = probe_api
-    node_id, model_file, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
-    runtime = runtime_beside(runtimes, api, state, llama_server)
-    environment = reported_environment(api, node_id, llama_server)
+    api, node_id, model_file = probe_node.api, probe_node.node_id, probe_node.model_file
+    runtime, environment = probe_node.runtime()
     ref = {"repository": REPO, "commit": COMMIT, "path": GGUF}
     with api.client() as client:
         # The model is its own draft: the same vocabulary, and the file is on the node.

@@ -6,118 +6,23 @@ reports layered health and evidence."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from schemas.protocol import NODES, RUNTIME_ENVIRONMENTS, RUNTIME_EVIDENCE, RUNTIME_PROBES
-from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
+from schemas.protocol import NODES, RUNTIME_EVIDENCE, RUNTIME_PROBES
+from tests.agent.artifact_agent import ended
 from tests.agent.harness import admin, wait_until
-from tests.api_server import ApiFactory, RunningApi
-from tests.hub_server import HubServer
-from tests.runtime.harness import RuntimeProcess
+from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode, device_job, probe
 from tests.runtime_flows import create_profile
 
-REPO = "acme/smollm2"
-COMMIT = "5e15d1f0a0b4c3d2e1f00112233445566778899a"
-GGUF = "smollm2.Q4_1.gguf"
-StartRuntime = Callable[..., RuntimeProcess]
 
-
-@pytest.fixture
-def probe_api(api_factory: ApiFactory) -> RunningApi:
-    return api_factory(job_lease_s=10, job_retry_base_s=0.2)
-
-
-def node_with_model(
-    api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path, model: Path
-) -> tuple[str, Path, Path]:
-    """An agent that acquired the model through an artifact job: (node id, file, state)."""
-    data = model.read_bytes()
-    hub.state.add(REPO, "main", COMMIT, {GGUF: data})
-    _, node_id, root = start_agent(api, agents, hub, tmp_path)
-    digest = {"algorithm": "sha256", "value": hashlib.sha256(data).hexdigest()}
-    manifest = {"repository": REPO, "commit": COMMIT,
-                "files": [{"path": GGUF, "size": len(data), "digest": digest}]}  # fmt: skip
-    job = created(api, {"node_id": node_id, "target_root": str(root), "manifest": manifest})
-    assert ended(api, job["id"], 60)["state"] == "succeeded"
-    return node_id, root / REPO / COMMIT / GGUF, tmp_path / "state"
-
-
-def runtime_beside(
-    runtimes: StartRuntime, api: RunningApi, state: Path, binary: Path, **extra: Any
-) -> RuntimeProcess:
-    """A runtime worker beside the agent whose state dir is `state`."""
-    settings: dict[str, Any] = {
-        "api_url": api.base_url,
-        "state_dir": str(state),
-        "llama_server_path": str(binary),
-        "report_interval_s": 0.5,
-        # Longer than any test here: every job is claimed because a notification (the
-        # agent's SSE listener, relayed by the API from NATS) woke the worker.
-        "job_poll_interval_s": 600,
-        "llama_server_probe_interval_s": 0.05,
-        "trust_env": False,
-    }
-    return runtimes("runtime", **{**settings, **extra})
-
-
-def reported_environment(api: RunningApi, node_id: str, binary: Path) -> str:
-    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
-
-    def found() -> str | None:
-        runtime = admin(api, "GET", f"{NODES}/{node_id}/runtime")
-        if not runtime["reported"]:
-            return None
-        items = admin(api, "GET", RUNTIME_ENVIRONMENTS)["items"]
-        return next((e["id"] for e in items if e["binary_sha256"] == digest), None)
-
-    return wait_until(found, 30, "the runtime worker's report of its binary")
-
-
-def probe(api: RunningApi, node_id: str, profile_id: str, environment_id: str) -> dict[str, Any]:
-    return run_job(api, {
-        "node_id": node_id,
-        "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
-        "profile_id": profile_id,
-        "environment_id": environment_id,
-        "max_attempts": 1,
-    })  # fmt: skip
-
-
-def device_job(api: RunningApi, node_id: str, kind: str) -> dict[str, Any]:
-    return run_job(api, {"kind": kind, "node_id": node_id, "device_id": "cpu", "max_attempts": 1})
-
-
-def run_job(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
-    """Create the runtime job; the job once it ended."""
-    with api.client() as client:
-        response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
-    assert response.status_code == 201, response.text
-    return ended(api, response.json()["id"], 90, collection=RUNTIME_PROBES)
-
-
-def test_a_probe_succeeds_with_measured_evidence(
-    probe_api: RunningApi,
-    agents: StartAgent,
-    runtimes: StartRuntime,
-    hub: HubServer,
-    tmp_path: Path,
-    llama_server: Path,
-    instruct_model: Path,
-) -> None:
-    api = probe_api
-    node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
-    runtime = runtime_beside(runtimes, api, state, llama_server)
-    environment = reported_environment(api, node_id, llama_server)
+def test_a_probe_succeeds_with_measured_evidence(probe_node: ProbeNode) -> None:
+    api, node_id = probe_node.api, probe_node.node_id
+    runtime, environment = probe_node.runtime()
     with api.client() as client:
         profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
     done = probe(api, node_id, profile["id"], environment)
@@ -156,22 +61,12 @@ def test_a_probe_succeeds_with_measured_evidence(
     )
 
 
-def test_digest_mismatches_are_typed_failures(
-    probe_api: RunningApi,
-    agents: StartAgent,
-    runtimes: StartRuntime,
-    hub: HubServer,
-    tmp_path: Path,
-    llama_server: Path,
-    instruct_model: Path,
-) -> None:
-    api = probe_api
-    node_id, model_file, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
+def test_digest_mismatches_are_typed_failures(probe_node: ProbeNode, tmp_path: Path) -> None:
+    api, node_id, model_file = probe_node.api, probe_node.node_id, probe_node.model_file
     binary = tmp_path / "bin" / "llama-server"
     binary.parent.mkdir()
-    shutil.copy2(llama_server, binary)
-    runtime_beside(runtimes, api, state, binary)
-    environment = reported_environment(api, node_id, binary)
+    shutil.copy2(probe_node.binary, binary)
+    _, environment = probe_node.runtime(binary)
     with api.client() as client:
         profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
     # The file on the node changes after the control plane recorded its digest.
@@ -190,22 +85,14 @@ def test_digest_mismatches_are_typed_failures(
 
 
 def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
-    probe_api: RunningApi,
-    agents: StartAgent,
-    runtimes: StartRuntime,
-    hub: HubServer,
-    tmp_path: Path,
-    llama_server: Path,
-    instruct_model: Path,
+    probe_node: ProbeNode, instruct_model: Path
 ) -> None:
     """The device is busy with a long local request; the probe claimed meanwhile waits
     its turn, keeping its lease; the operator cancels it; it ends cancelled without
     having run (its progress report carried the cancel)."""
-    api = probe_api
-    node_id, _, state = node_with_model(api, agents, hub, tmp_path, instruct_model)
+    api, node_id = probe_node.api, probe_node.node_id
     smol = {"model_id": "smol", "path": str(instruct_model), "threads": 2, "ctx_size": 512}
-    runtime = runtime_beside(runtimes, api, state, llama_server, models=[smol])
-    environment = reported_environment(api, node_id, llama_server)
+    runtime, environment = probe_node.runtime(models=[smol])
     with api.client() as client:
         profile = create_profile(client, api, "probe-small", ctx_size=512, threads=2)
 
