@@ -56,10 +56,10 @@ from schemas.protocol import (
     HEARTBEAT,
     INVENTORY,
     RUNTIME,
-    RUNTIME_PROBE_COMPLETE,
-    RUNTIME_PROBE_FAIL,
-    RUNTIME_PROBE_PROGRESS,
-    RUNTIME_PROBES_NEXT,
+    RUNTIME_JOB_COMPLETE,
+    RUNTIME_JOB_FAIL,
+    RUNTIME_JOB_PROGRESS,
+    RUNTIME_JOBS_NEXT,
     TELEMETRY,
     TOKENS,
 )
@@ -68,10 +68,10 @@ from schemas.runtime import (
     HealthComplete,
     ProbeClaim,
     ProbeComplete,
-    ProbeFail,
-    ProbeOutcome,
-    ProbeProgress,
     RuntimeClaim,
+    RuntimeJobFail,
+    RuntimeJobOutcome,
+    RuntimeJobProgress,
     UnloadComplete,
 )
 from schemas.runtime_local import RuntimeReport
@@ -253,28 +253,26 @@ class ProtocolClient:
     async def claim_runtime_job(self) -> ProbeClaim | DeviceJobClaim | None:
         """The next runtime job (any runtime kind) and its lease; None when there is
         nothing to do (204)."""
-        response = await self._send("GET", RUNTIME_PROBES_NEXT, None)
+        response = await self._send("GET", RUNTIME_JOBS_NEXT, None)
         if response.status_code == 204:
             return None
-        claim = _parse(RuntimeClaimAnswer, response, "GET", RUNTIME_PROBES_NEXT)
+        claim = _parse(RuntimeClaimAnswer, response, "GET", RUNTIME_JOBS_NEXT)
         return claim.root
 
     async def runtime_job_progress(
-        self, job_id: uuid.UUID, report: ProbeProgress
+        self, job_id: uuid.UUID, report: RuntimeJobProgress
     ) -> ProgressAnswer:
-        path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
+        path = RUNTIME_JOB_PROGRESS.format(job_id=job_id)
         return await self._call("POST", path, report, ProgressAnswer)
 
     async def complete_runtime_job(
         self, job_id: uuid.UUID, report: ProbeComplete | HealthComplete | UnloadComplete
-    ) -> ProbeOutcome:
-        path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
-        return await self._call("POST", path, report, ProbeOutcome)
+    ) -> RuntimeJobOutcome:
+        path = RUNTIME_JOB_COMPLETE.format(job_id=job_id)
+        return await self._call("POST", path, report, RuntimeJobOutcome)
 
-    async def fail_runtime_job(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
-        return await self._call(
-            "POST", RUNTIME_PROBE_FAIL.format(job_id=job_id), report, FailAnswer
-        )
+    async def fail_runtime_job(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
+        return await self._call("POST", RUNTIME_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
 
     async def _call(
         self,

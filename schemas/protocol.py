@@ -23,10 +23,10 @@ ARTIFACT_JOB_FAIL: Final = f"{AGENT_PREFIX}/artifact-jobs/{{job_id}}/fail"
 # The runtime worker (beside the agent, with the node's credential): its report stream,
 # then runtime probes claimed and reported under leases exactly like artifact jobs.
 RUNTIME: Final = f"{AGENT_PREFIX}/runtime"
-RUNTIME_PROBES_NEXT: Final = f"{AGENT_PREFIX}/runtime-probes/next"
-RUNTIME_PROBE_PROGRESS: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/progress"
-RUNTIME_PROBE_COMPLETE: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/complete"
-RUNTIME_PROBE_FAIL: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/fail"
+RUNTIME_JOBS_NEXT: Final = f"{AGENT_PREFIX}/runtime-probes/next"
+RUNTIME_JOB_PROGRESS: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/progress"
+RUNTIME_JOB_COMPLETE: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/complete"
+RUNTIME_JOB_FAIL: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/fail"
 # Server-sent events: `event: job` with `{"event": "job.created", "job_id": ...,
 # "kind": "runtime.probe.v1"}` when the node has work (or a cancel); comments as
 # keep-alives. A wake-up, never the work; the kind says which of the node's loops claims.
@@ -41,7 +41,7 @@ DEAD_LETTERS: Final = f"{ADMIN_PREFIX}/workers/dead-letters"
 ARTIFACT_JOBS: Final = f"{ADMIN_PREFIX}/artifact-jobs"
 RUNTIME_PROFILES: Final = f"{ADMIN_PREFIX}/runtime/profiles"
 RUNTIME_ENVIRONMENTS: Final = f"{ADMIN_PREFIX}/runtime/environments"
-RUNTIME_PROBES: Final = f"{ADMIN_PREFIX}/runtime/probes"
+RUNTIME_JOBS: Final = f"{ADMIN_PREFIX}/runtime/probes"
 RUNTIME_EVIDENCE: Final = f"{ADMIN_PREFIX}/runtime/evidence"
 
 HEALTHZ: Final = "/healthz"

@@ -301,12 +301,12 @@ RuntimeClaim = Annotated[ProbeClaim | DeviceJobClaim, Field(discriminator="kind"
 Phase = Literal["verifying", "loading", "probing"]
 
 
-class ProbeProgress(WireModel):
+class RuntimeJobProgress(WireModel):
     lease: LeaseFence
     phase: Phase
 
 
-class ProbeHealth(WireModel):
+class ServerHealth(WireModel):
     """Layered: each layer only if the one before it held."""
 
     process_up: Flag
@@ -335,7 +335,7 @@ class ProbeComplete(WireModel):
     kind: Literal[JobKind.RUNTIME_PROBE] = JobKind.RUNTIME_PROBE
     lease: LeaseFence
     device_id: DeviceId
-    health: ProbeHealth
+    health: ServerHealth
     evidence: ProbeEvidence
 
 
@@ -343,7 +343,7 @@ class HealthComplete(WireModel):
     kind: Literal[JobKind.RUNTIME_HEALTH]
     lease: LeaseFence
     device_id: DeviceId
-    health: ProbeHealth
+    health: ServerHealth
     loaded_model: Annotated[Text, Field(max_length=128)] | None = None
 
 
@@ -378,7 +378,7 @@ class ProbeResult(WireModel):
     artifact, profile and environment is also its evidence, EvidenceView)."""
 
     device_id: str
-    health: ProbeHealth
+    health: ServerHealth
     evidence: ProbeEvidence
 
 
@@ -386,7 +386,7 @@ class HealthResult(WireModel):
     """What a completed runtime.health.v1 job found on the device."""
 
     device_id: str
-    health: ProbeHealth
+    health: ServerHealth
     loaded_model: str | None = None
 
 
@@ -399,18 +399,18 @@ class UnloadResult(WireModel):
     settle_s: float | None = None
 
 
-class ProbeOutcome(WireModel):
+class RuntimeJobOutcome(WireModel):
     job_id: uuid.UUID
     state: JobState
 
 
-class ProbeFail(WireModel):
+class RuntimeJobFail(WireModel):
     lease: LeaseFence
     code: RuntimeFailure
     retryable: Flag
     detail: Note = ""
     # Layers that held before the failure, when known.
-    health: ProbeHealth | None = None
+    health: ServerHealth | None = None
 
 
 class EvidenceView(WireModel):
@@ -422,7 +422,7 @@ class EvidenceView(WireModel):
     artifact_path: str
     profile_id: uuid.UUID
     environment_id: uuid.UUID
-    health: ProbeHealth
+    health: ServerHealth
     evidence: ProbeEvidence
     job_id: uuid.UUID
     recorded_at: datetime

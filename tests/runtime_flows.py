@@ -11,11 +11,11 @@ import httpx
 from schemas.protocol import (
     RUNTIME,
     RUNTIME_ENVIRONMENTS,
-    RUNTIME_PROBE_COMPLETE,
-    RUNTIME_PROBE_FAIL,
-    RUNTIME_PROBE_PROGRESS,
-    RUNTIME_PROBES,
-    RUNTIME_PROBES_NEXT,
+    RUNTIME_JOB_COMPLETE,
+    RUNTIME_JOB_FAIL,
+    RUNTIME_JOB_PROGRESS,
+    RUNTIME_JOBS,
+    RUNTIME_JOBS_NEXT,
     RUNTIME_PROFILES,
 )
 from tests.api_server import RunningApi
@@ -98,19 +98,19 @@ def probe_body(
 
 
 def create_probe(client: httpx.Client, api: RunningApi, body: dict[str, Any]) -> httpx.Response:
-    return client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+    return client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
 
 
 def runtime_job(client: httpx.Client, api: RunningApi, job_id: str) -> dict[str, Any]:
     """A runtime job of any kind, as an operator sees it."""
-    response = client.get(f"{RUNTIME_PROBES}/{job_id}", headers=api.admin_headers)
+    response = client.get(f"{RUNTIME_JOBS}/{job_id}", headers=api.admin_headers)
     assert response.status_code == 200, response.text
     view: dict[str, Any] = response.json()
     return view
 
 
-def claim_probe(client: httpx.Client, node: EnrolledNode) -> httpx.Response:
-    return client.get(RUNTIME_PROBES_NEXT, headers=node.headers)
+def claim_runtime_job(client: httpx.Client, node: EnrolledNode) -> httpx.Response:
+    return client.get(RUNTIME_JOBS_NEXT, headers=node.headers)
 
 
 def evidence_report(lease: dict[str, Any]) -> dict[str, Any]:
@@ -128,23 +128,23 @@ def evidence_report(lease: dict[str, Any]) -> dict[str, Any]:
 def complete_probe(
     client: httpx.Client, node: EnrolledNode, job_id: str, lease: dict[str, Any]
 ) -> httpx.Response:
-    path = RUNTIME_PROBE_COMPLETE.format(job_id=job_id)
+    path = RUNTIME_JOB_COMPLETE.format(job_id=job_id)
     return client.post(path, json=evidence_report(lease), headers=node.headers)
 
 
 def probe_progress(
     client: httpx.Client, node: EnrolledNode, job_id: str, lease: dict[str, Any], phase: str
 ) -> httpx.Response:
-    path = RUNTIME_PROBE_PROGRESS.format(job_id=job_id)
+    path = RUNTIME_JOB_PROGRESS.format(job_id=job_id)
     return client.post(path, json={"lease": lease, "phase": phase}, headers=node.headers)
 
 
-def fail_probe(
+def fail_runtime_job(
     client: httpx.Client, node: EnrolledNode, job_id: str, lease: dict[str, Any], code: str,
     *, retryable: bool,
 ) -> httpx.Response:  # fmt: skip
     body = {"lease": lease, "code": code, "retryable": retryable, "detail": "from a test"}
-    return client.post(RUNTIME_PROBE_FAIL.format(job_id=job_id), json=body, headers=node.headers)
+    return client.post(RUNTIME_JOB_FAIL.format(job_id=job_id), json=body, headers=node.headers)
 
 
 ARTIFACT_PATH = f"{ROOT}/{REPOSITORY}/{COMMIT}/{GGUF}"

@@ -22,7 +22,7 @@ from schemas.protocol import (
     ARTIFACT_JOBS_NEXT,
     INVENTORY,
     NOTIFICATIONS,
-    RUNTIME_PROBES,
+    RUNTIME_JOBS,
 )
 from tests.api_processes import ADMIN, REFUSALS, api_processes, enrolled, refuse
 from tests.artifact_flows import MANIFEST, ROOT
@@ -126,7 +126,7 @@ async def test_a_notification_wakes_only_the_loop_for_its_kind(two_apis: list[st
                 artifact.clear()
                 body = {"kind": JobKind.RUNTIME_HEALTH.value, "node_id": node_id,
                         "device_id": "cpu"}  # fmt: skip
-                job = operator.post(RUNTIME_PROBES, json=body, headers=ADMIN)
+                job = operator.post(RUNTIME_JOBS, json=body, headers=ADMIN)
                 assert job.status_code == 201, job.text
                 await asyncio.wait_for(runtime.wait(), 10)
                 assert not artifact.is_set()

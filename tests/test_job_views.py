@@ -14,11 +14,11 @@ from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import COMMIT, REPOSITORY, ROOT, claimed, created, fail, fence, get_job
 from tests.artifact_flows import progress as artifact_progress
 from tests.runtime_flows import (
-    claim_probe,
+    claim_runtime_job,
     create_probe,
     create_profile,
     environment_id,
-    fail_probe,
+    fail_runtime_job,
     probe_body,
     probe_progress,
     ready_node,
@@ -49,7 +49,7 @@ def test_an_artifact_job_and_a_runtime_job_show_lease_and_failure_alike(
         artifact_lease = fence(claimed(client, node))
         body = probe_body(node, create_profile(client, api)["id"], environment_id(client, api))
         probe_id = ok(create_probe(client, api, body), 201)["id"]
-        probe_lease = fence(ok(claim_probe(client, node)))
+        probe_lease = fence(ok(claim_runtime_job(client, node)))
         assert artifact_progress(client, node, artifact_id, artifact_lease, 1000).is_success
         assert probe_progress(client, node, probe_id, probe_lease, "loading").is_success
 
@@ -67,7 +67,7 @@ def test_an_artifact_job_and_a_runtime_job_show_lease_and_failure_alike(
         failed = fail(client, node, artifact_id, artifact_lease, "source_unavailable",
                       retryable=False)  # fmt: skip
         assert failed.is_success, failed.text
-        failed = fail_probe(client, node, probe_id, probe_lease, "startup_timeout",
+        failed = fail_runtime_job(client, node, probe_id, probe_lease, "startup_timeout",
                             retryable=False)  # fmt: skip
         assert failed.is_success, failed.text
 

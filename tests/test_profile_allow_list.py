@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from schemas.protocol import RUNTIME_PROBES, RUNTIME_PROBES_NEXT, RUNTIME_PROFILES
+from schemas.protocol import RUNTIME_JOBS, RUNTIME_JOBS_NEXT, RUNTIME_PROFILES
 from tests.admin_helpers import ok, refused
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import COMMIT, REPOSITORY
@@ -142,7 +142,7 @@ def test_a_draft_model_and_loras_are_artifacts_resolved_on_the_node(
                                  loras=[{"artifact": ref, "scale": 0.5}])  # fmt: skip
         created = create_probe(client, api, probe_body(node, profile["id"], environment))
         assert created.status_code == 201, created.text
-        claim = ok(client.get(RUNTIME_PROBES_NEXT, headers=node.headers))
+        claim = ok(client.get(RUNTIME_JOBS_NEXT, headers=node.headers))
     spec = claim["spec"]
     assert spec["draft_model"] == {"path": ARTIFACT_PATH, "sha256": ARTIFACT_SHA256}
     assert spec["loras"] == [{"path": ARTIFACT_PATH, "sha256": ARTIFACT_SHA256, "scale": 0.5}]
@@ -169,5 +169,5 @@ def test_a_profile_stored_before_a_flag_was_refused_lists_but_probes_no_more(
         body = refused(create_probe(client, api, probe_body(node, profile["id"], environment)),
                        422, "server_flag_refused")  # fmt: skip
         assert sorted(body["extra"]["flags"]) == ["agent", "tools"]
-        jobs = ok(client.get(RUNTIME_PROBES, headers=api.admin_headers))["items"]
+        jobs = ok(client.get(RUNTIME_JOBS, headers=api.admin_headers))["items"]
         assert jobs == []

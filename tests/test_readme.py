@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.protocol import ARTIFACT_JOBS, RUNTIME_PROBES
+from schemas.protocol import ARTIFACT_JOBS, RUNTIME_JOBS
 from stack.ports import free_port
 from tests.hub_server import HubServer
 from tests.runtime.harness import instruct_model
@@ -240,8 +240,8 @@ def test_the_readme_runs_as_written(
     key = (root / ".modelforge" / "operator_api_key").read_text().strip()
     with httpx.Client(base_url=base, headers={"X-ModelForge-Admin-Token": key}) as client:
         artifact = client.get(f"{ARTIFACT_JOBS}/{job}").json()
-        probed = client.get(f"{RUNTIME_PROBES}/{probe}").json()
-        unloaded = client.get(f"{RUNTIME_PROBES}/{unload}").json()
+        probed = client.get(f"{RUNTIME_JOBS}/{probe}").json()
+        unloaded = client.get(f"{RUNTIME_JOBS}/{unload}").json()
     assert artifact["node_id"] == node and artifact["state"] == "succeeded", artifact
     assert [f["path"] for f in artifact["spec"]["files"]] == [HUB_FILE]
     assert probed["state"] == "succeeded", probed

@@ -15,8 +15,8 @@ from schemas.protocol import (
     NODES,
     RUNTIME,
     RUNTIME_EVIDENCE,
-    RUNTIME_PROBES,
-    RUNTIME_PROBES_NEXT,
+    RUNTIME_JOBS,
+    RUNTIME_JOBS_NEXT,
     RUNTIME_PROFILES,
 )
 from tests.admin_helpers import ok, patch_node, refused
@@ -27,13 +27,13 @@ from tests.runtime_flows import (
     ARTIFACT_PATH,
     ARTIFACT_SHA256,
     BINARY_SHA256,
-    claim_probe,
+    claim_runtime_job,
     complete_probe,
     create_probe,
     create_profile,
     environment_id,
     evidence_report,
-    fail_probe,
+    fail_runtime_job,
     probe_body,
     ready_node,
     report_runtime,
@@ -167,10 +167,10 @@ def test_claim_fence_and_evidence(runtime_api: RunningApi) -> None:
         profile = create_profile(client, api)
         body = probe_body(node, profile["id"], environment_id(client, api))
         probe = ok(create_probe(client, api, body), 201)
-        assert claim_probe(client, other).status_code == 204, "another node's probe"
-        claim = ok(claim_probe(client, node))
+        assert claim_runtime_job(client, other).status_code == 204, "another node's probe"
+        claim = ok(claim_runtime_job(client, node))
         assert claim["kind"] == "runtime.probe.v1" and claim["job_id"] == probe["id"]
-        assert claim_probe(client, node).status_code == 204, "leased: nobody else gets it"
+        assert claim_runtime_job(client, node).status_code == 204, "leased: nobody else gets it"
         lease = fence(claim)
         refused(complete_probe(client, other, probe["id"], lease), 403, "job_not_owned")
         stale = {**lease, "epoch": lease["epoch"] + 1}
@@ -202,23 +202,23 @@ def test_a_typed_failure_retries_or_ends(runtime_api: RunningApi) -> None:
         profile = create_profile(client, api)
         body = probe_body(node, profile["id"], environment_id(client, api), max_attempts=2)
         probe = ok(create_probe(client, api, body), 201)
-        claim = ok(claim_probe(client, node))
-        retry = ok(fail_probe(client, node, probe["id"], fence(claim), "startup_timeout",
+        claim = ok(claim_runtime_job(client, node))
+        retry = ok(fail_runtime_job(client, node, probe["id"], fence(claim), "startup_timeout",
                               retryable=True))  # fmt: skip
         assert retry["state"] == "queued" and retry["retry_at"]
-        refused(
-            fail_probe(client, node, probe["id"], fence(claim), "no_such_code", retryable=False),
-            422, "validation_failed",
-        )  # fmt: skip
+        unknown = fail_runtime_job(
+            client, node, probe["id"], fence(claim), "no_such_code", retryable=False
+        )
+        refused(unknown, 422, "validation_failed")
         second = None
         for _ in range(50):
-            response = claim_probe(client, node)
+            response = claim_runtime_job(client, node)
             if response.status_code == 200:
                 second = response.json()
                 break
             time.sleep(0.1)
         assert second is not None and second["attempt"] == 2
-        final = ok(fail_probe(client, node, probe["id"], fence(second),
+        final = ok(fail_runtime_job(client, node, probe["id"], fence(second),
                               "artifact_digest_mismatch", retryable=False))  # fmt: skip
         assert final["state"] == "failed"
         view = runtime_job(client, api, probe["id"])
@@ -237,7 +237,7 @@ async def test_twenty_concurrent_claims_of_a_probe_have_one_winner(
     async with httpx.AsyncClient(base_url=api.base_url, timeout=30) as agent:
 
         async def send(_: int) -> httpx.Response:
-            return await agent.get(RUNTIME_PROBES_NEXT, headers=node.headers)
+            return await agent.get(RUNTIME_JOBS_NEXT, headers=node.headers)
 
         answers = await released_together(20, send)
     assert sorted(a.status_code for a in answers) == [200] + [204] * 19
@@ -252,7 +252,7 @@ def test_health_and_unload_jobs_for_a_reported_device(runtime_api: RunningApi) -
         body = {"kind": "runtime.health.v1", "node_id": node.node_id, "device_id": "cpu"}
         job = ok(create_probe(client, api, body), 201)
         assert job["kind"] == "runtime.health.v1" and job["spec"] == {"device_id": "cpu"}
-        claim = ok(claim_probe(client, node))
+        claim = ok(claim_runtime_job(client, node))
         assert claim["kind"] == "runtime.health.v1" and claim["spec"] == {"device_id": "cpu"}
         path = f"/api/v1/agent/runtime-probes/{job['id']}/complete"
         # A report of another kind than the job's is refused, and changes nothing.
@@ -265,6 +265,6 @@ def test_health_and_unload_jobs_for_a_reported_device(runtime_api: RunningApi) -
         assert ok(client.post(path, json=report, headers=node.headers))["state"] == "succeeded"
         view = runtime_job(client, api, job["id"])
         assert view["result"] == {"device_id": "cpu", "health": health, "loaded_model": "smol"}
-        listed = ok(client.get(RUNTIME_PROBES, params={"node_id": node.node_id},
+        listed = ok(client.get(RUNTIME_JOBS, params={"node_id": node.node_id},
                                headers=api.admin_headers))  # fmt: skip
         assert [j["kind"] for j in listed["items"]] == ["runtime.health.v1"]

@@ -13,8 +13,8 @@ from schemas.jobs import JobKind
 from schemas.runtime import (
     DeviceJobClaim,
     HealthComplete,
-    ProbeHealth,
     RuntimeFailure,
+    ServerHealth,
     UnloadComplete,
 )
 
@@ -45,7 +45,7 @@ class DeviceJobRun(RuntimeJob):
     async def _health(self, server: LlamaServer | None) -> HealthComplete:
         self.phase = "probing"
         if server is None:
-            health = ProbeHealth(
+            health = ServerHealth(
                 process_up=False, health_ok=False, model_listed=False, inference_ok=False
             )
             return HealthComplete(
@@ -59,7 +59,7 @@ class DeviceJobRun(RuntimeJob):
                 inference = (await server.one_token("ping")).status_code == 200
             except httpx.HTTPError:  # a failed call is a failed layer, reported as such
                 inference = False
-        health = ProbeHealth(
+        health = ServerHealth(
             process_up=layers.process_up,
             health_ok=layers.health_ok,
             model_listed=layers.model_listed,

@@ -17,11 +17,11 @@ from schemas.jobs import FailAnswer, JobKind, Lease, ProgressAnswer
 from schemas.runtime import (
     HealthComplete,
     ProbeComplete,
-    ProbeFail,
-    ProbeHealth,
-    ProbeOutcome,
-    ProbeProgress,
     RuntimeFailure,
+    RuntimeJobFail,
+    RuntimeJobOutcome,
+    RuntimeJobProgress,
+    ServerHealth,
     UnloadComplete,
 )
 
@@ -45,13 +45,13 @@ class RuntimeReports:
     def __init__(self, client: ProtocolClient) -> None:
         self.client = client
 
-    async def progress(self, job_id: uuid.UUID, report: ProbeProgress) -> ProgressAnswer:
+    async def progress(self, job_id: uuid.UUID, report: RuntimeJobProgress) -> ProgressAnswer:
         return await self.client.runtime_job_progress(job_id, report)
 
-    async def complete(self, job_id: uuid.UUID, report: Completion) -> ProbeOutcome:
+    async def complete(self, job_id: uuid.UUID, report: Completion) -> RuntimeJobOutcome:
         return await self.client.complete_runtime_job(job_id, report)
 
-    async def fail(self, job_id: uuid.UUID, report: ProbeFail) -> FailAnswer:
+    async def fail(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
         return await self.client.fail_runtime_job(job_id, report)
 
 
@@ -59,13 +59,13 @@ class RuntimeFailed(Failed):
     """A runtime job's failure; retryable by its code, with the health seen if any."""
 
     def __init__(
-        self, code: RuntimeFailure, detail: str, health: ProbeHealth | None = None
+        self, code: RuntimeFailure, detail: str, health: ServerHealth | None = None
     ) -> None:
         super().__init__(code, detail, retryable=code in RETRYABLE)
         self.health = health
 
 
-class RuntimeJob(LeasedJob[ProbeProgress, Completion, ProbeFail]):
+class RuntimeJob(LeasedJob[RuntimeJobProgress, Completion, RuntimeJobFail]):
     """Any runtime kind under its lease: progress reports name the phase."""
 
     cancelled_code = RuntimeFailure.CANCELLED
@@ -75,7 +75,7 @@ class RuntimeJob(LeasedJob[ProbeProgress, Completion, ProbeFail]):
         job_id: uuid.UUID,
         kind: JobKind,
         lease: Lease,
-        reports: Reports[ProbeProgress, Completion, ProbeFail],
+        reports: Reports[RuntimeJobProgress, Completion, RuntimeJobFail],
         worker: RuntimeWorker,
     ) -> None:
         super().__init__(
@@ -96,11 +96,11 @@ class RuntimeJob(LeasedJob[ProbeProgress, Completion, ProbeFail]):
         finally:
             self.worker.changed.set()  # a runtime report soon after every job
 
-    def progress_report(self) -> ProbeProgress:
-        return ProbeProgress(lease=self.fence, phase=self.phase)
+    def progress_report(self) -> RuntimeJobProgress:
+        return RuntimeJobProgress(lease=self.fence, phase=self.phase)
 
-    def fail_report(self, failure: Failed) -> ProbeFail:
-        return ProbeFail(
+    def fail_report(self, failure: Failed) -> RuntimeJobFail:
+        return RuntimeJobFail(
             lease=self.fence,
             code=RuntimeFailure(failure.code),
             retryable=failure.retryable,

@@ -34,9 +34,9 @@ from schemas.runtime import (
     ProbeClaim,
     ProbeComplete,
     ProbeEvidence,
-    ProbeHealth,
     ProbeSpec,
     RuntimeFailure,
+    ServerHealth,
     VerifiedFile,
 )
 
@@ -176,7 +176,7 @@ class ProbeRun(RuntimeJob):
                     RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs"
                 )
 
-    async def _infer(self, server: LlamaServer) -> tuple[ProbeHealth, dict[str, float]]:
+    async def _infer(self, server: LlamaServer) -> tuple[ServerHealth, dict[str, float]]:
         layers = await server.health()
         body = {
             "model": server.model.served_name,
@@ -205,7 +205,7 @@ class ProbeRun(RuntimeJob):
                         text += piece
                     timings = chunk.get("timings") or timings
         except (httpx.HTTPError, ValueError) as exc:
-            health = ProbeHealth(
+            health = ServerHealth(
                 process_up=server.alive,
                 health_ok=layers.health_ok,
                 model_listed=layers.model_listed,
@@ -216,7 +216,7 @@ class ProbeRun(RuntimeJob):
             )
             detail = f"the probe's inference failed ({type(exc).__name__})"
             raise RuntimeFailed(code, detail, health) from None
-        health = ProbeHealth(
+        health = ServerHealth(
             process_up=server.alive,
             health_ok=layers.health_ok,
             model_listed=layers.model_listed,

@@ -21,7 +21,7 @@ from schemas.protocol import (
     NODES,
     RUNTIME_ENVIRONMENTS,
     RUNTIME_EVIDENCE,
-    RUNTIME_PROBES,
+    RUNTIME_JOBS,
     RUNTIME_PROFILES,
 )
 from schemas.runtime import (
@@ -30,7 +30,6 @@ from schemas.runtime import (
     HealthJobView,
     ProbeCreate,
     ProbeEvidence,
-    ProbeHealth,
     ProbeJobView,
     ProfileCreate,
     ProfileName,
@@ -41,6 +40,7 @@ from schemas.runtime import (
     RuntimeJobView,
     RuntimeProfileList,
     RuntimeProfileView,
+    ServerHealth,
     UnloadJobView,
 )
 from schemas.runtime_local import NodeRuntimeView
@@ -112,7 +112,7 @@ AnyRuntimeJob = ProbeJobView | HealthJobView | UnloadJobView
 
 
 @router.post(
-    RUNTIME_PROBES,
+    RUNTIME_JOBS,
     status_code=status.HTTP_201_CREATED,
     response_model=RuntimeJobView,
     responses=error_responses(404, 409),
@@ -128,7 +128,7 @@ async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) 
     return runtime_job_view(job)
 
 
-@router.get(RUNTIME_PROBES)
+@router.get(RUNTIME_JOBS)
 async def list_runtime_jobs(
     session: AdminTransaction,
     node_id: uuid.UUID | None = None,
@@ -149,14 +149,14 @@ async def list_runtime_jobs(
 
 
 @router.get(
-    RUNTIME_PROBES + "/{job_id}", response_model=RuntimeJobView, responses=error_responses(404)
+    RUNTIME_JOBS + "/{job_id}", response_model=RuntimeJobView, responses=error_responses(404)
 )
 async def get_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRuntimeJob:
     return runtime_job_view(await runtime.get_job(session, job_id))
 
 
 @router.post(
-    RUNTIME_PROBES + "/{job_id}/cancel",
+    RUNTIME_JOBS + "/{job_id}/cancel",
     response_model=RuntimeJobView,
     responses=error_responses(404, 409),
 )
@@ -181,7 +181,7 @@ async def list_runtime_evidence(
                 artifact_path=row.artifact_path,
                 profile_id=row.profile_id,
                 environment_id=row.environment_id,
-                health=ProbeHealth.model_validate(row.health),
+                health=ServerHealth.model_validate(row.health),
                 evidence=ProbeEvidence.model_validate(row.evidence),
                 job_id=row.job_id,
                 recorded_at=row.recorded_at,

@@ -18,20 +18,20 @@ from schemas.events import node_actor
 from schemas.jobs import FailAnswer, JobKind, JobState, ProgressAnswer
 from schemas.protocol import (
     RUNTIME,
-    RUNTIME_PROBE_COMPLETE,
-    RUNTIME_PROBE_FAIL,
-    RUNTIME_PROBE_PROGRESS,
-    RUNTIME_PROBES_NEXT,
+    RUNTIME_JOB_COMPLETE,
+    RUNTIME_JOB_FAIL,
+    RUNTIME_JOB_PROGRESS,
+    RUNTIME_JOBS_NEXT,
 )
 from schemas.runtime import (
     DeviceJobClaim,
     DeviceSpec,
     ProbeClaim,
-    ProbeFail,
-    ProbeOutcome,
-    ProbeProgress,
     RuntimeClaim,
     RuntimeComplete,
+    RuntimeJobFail,
+    RuntimeJobOutcome,
+    RuntimeJobProgress,
 )
 from schemas.runtime_local import RuntimeReport
 from store import leases, runtime
@@ -52,7 +52,7 @@ async def runtime_report(body: RuntimeReport, request: NodeTransaction) -> Inges
 
 
 @router.get(
-    RUNTIME_PROBES_NEXT,
+    RUNTIME_JOBS_NEXT,
     response_model=RuntimeClaim,
     responses={204: {"description": "nothing to do"}},
 )
@@ -81,9 +81,9 @@ async def claim_runtime_job(request: NodeTransaction) -> ProbeClaim | DeviceJobC
     )
 
 
-@router.post(RUNTIME_PROBE_PROGRESS, responses=REPORT)
+@router.post(RUNTIME_JOB_PROGRESS, responses=REPORT)
 async def report_runtime_progress(
-    job_id: uuid.UUID, body: ProbeProgress, request: NodeTransaction
+    job_id: uuid.UUID, body: RuntimeJobProgress, request: NodeTransaction
 ) -> ProgressAnswer:
     """The phase; extends the lease. The answer says whether to stop (cancelled)."""
     job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)
@@ -91,21 +91,21 @@ async def report_runtime_progress(
     return leased.extended(request, job, now)
 
 
-@router.post(RUNTIME_PROBE_COMPLETE, responses=REPORT)
+@router.post(RUNTIME_JOB_COMPLETE, responses=REPORT)
 async def complete_runtime_job(
     job_id: uuid.UUID, body: RuntimeComplete, request: NodeTransaction
-) -> ProbeOutcome:
+) -> RuntimeJobOutcome:
     """A probe's layered health and measured evidence (stored per node, device,
     artifact, profile and environment), or a health or unload job's report; the body
     must be of the job's kind."""
     job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)
     await runtime.complete(request.session, job, body, now, actor=node_actor(request.node.node_id))
-    return ProbeOutcome(job_id=job.id, state=JobState(job.state))
+    return RuntimeJobOutcome(job_id=job.id, state=JobState(job.state))
 
 
-@router.post(RUNTIME_PROBE_FAIL, responses=REPORT)
+@router.post(RUNTIME_JOB_FAIL, responses=REPORT)
 async def fail_runtime_job(
-    job_id: uuid.UUID, body: ProbeFail, request: NodeTransaction
+    job_id: uuid.UUID, body: RuntimeJobFail, request: NodeTransaction
 ) -> FailAnswer:
     """A normalised runtime failure. Retried with backoff while it may help."""
     job, now = await leased.held(request, runtime.KINDS, job_id, body.lease)

@@ -60,7 +60,7 @@ def created(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
 def ended(
     api: RunningApi, job_id: str, timeout_s: float = 30, *, collection: str = ARTIFACT_JOBS
 ) -> dict[str, Any]:
-    """The job (an artifact job, or of `collection`, e.g. RUNTIME_PROBES) once it ended."""
+    """The job (an artifact job, or of `collection`, e.g. RUNTIME_JOBS) once it ended."""
 
     def finished() -> dict[str, Any] | None:
         job = admin(api, "GET", f"{collection}/{job_id}")

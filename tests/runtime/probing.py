@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from schemas.protocol import NODES, RUNTIME_ENVIRONMENTS, RUNTIME_PROBES
+from schemas.protocol import NODES, RUNTIME_ENVIRONMENTS, RUNTIME_JOBS
 from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
 from tests.agent.harness import admin, wait_until
 from tests.api_server import ApiFactory, RunningApi
@@ -127,6 +127,6 @@ def device_job(api: RunningApi, node_id: str, kind: str) -> dict[str, Any]:
 def run_job(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
     """Create the runtime job; the job once it ended."""
     with api.client() as client:
-        response = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+        response = client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
     assert response.status_code == 201, response.text
-    return ended(api, response.json()["id"], 90, collection=RUNTIME_PROBES)
+    return ended(api, response.json()["id"], 90, collection=RUNTIME_JOBS)

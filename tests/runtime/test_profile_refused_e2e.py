@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from schemas.protocol import RUNTIME_PROBES, RUNTIME_PROFILES
+from schemas.protocol import RUNTIME_JOBS, RUNTIME_PROFILES
 from tests.agent.artifact_agent import ended
 from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode, probe
 from tests.runtime_flows import create_profile
@@ -31,7 +31,7 @@ def test_a_job_with_tool_flags_slipped_past_the_api_is_refused_on_the_node(
         body = {"node_id": node_id, "profile_id": profile["id"], "environment_id": environment,
                 "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
                 "max_attempts": 1}  # fmt: skip
-        created = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+        created = client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
         assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     hostile = json.dumps({"agent": True, "tools": "all", "ctx-size": 512})
@@ -41,7 +41,7 @@ def test_a_job_with_tool_flags_slipped_past_the_api_is_refused_on_the_node(
         f"{statement}'{hostile}'::jsonb) WHERE id = '{job_id}'",
     )
     runtime.start()
-    done = ended(api, job_id, 60, collection=RUNTIME_PROBES)
+    done = ended(api, job_id, 60, collection=RUNTIME_JOBS)
     assert done["state"] == "failed", done
     assert done["failure"]["code"] == "profile_refused"
     assert done["failure"]["retryable"] is False

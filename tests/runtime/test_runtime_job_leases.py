@@ -23,7 +23,7 @@ from agent.runtime.device_jobs import DeviceJobRun
 from agent.runtime.jobs import RuntimeReports
 from agent.runtime.worker import RuntimeWorker
 from schemas.jobs import JobKind
-from schemas.protocol import NODES, RUNTIME_PROBES
+from schemas.protocol import NODES, RUNTIME_JOBS
 from schemas.runtime import DeviceJobClaim, EnvironmentReport
 from tests.agent.artifact_agent import ended
 from tests.agent.harness import admin, wait_until
@@ -93,14 +93,14 @@ async def unload(api: RunningApi, node_id: str, device: str) -> str:
     body = {"kind": JobKind.RUNTIME_UNLOAD.value, "node_id": node_id, "device_id": device,
             "max_attempts": 1}  # fmt: skip
     async with api.async_client() as client:
-        response = await client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+        response = await client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
     assert response.status_code == 201, response.text
     job_id: str = response.json()["id"]
     return job_id
 
 
 async def state_of(api: RunningApi, job_id: str) -> str:
-    job = await asyncio.to_thread(admin, api, "GET", f"{RUNTIME_PROBES}/{job_id}")
+    job = await asyncio.to_thread(admin, api, "GET", f"{RUNTIME_JOBS}/{job_id}")
     state: str = job["state"]
     return state
 
@@ -118,17 +118,17 @@ async def test_a_job_for_one_device_does_not_wait_for_a_job_on_another(
                 waiting = await unload(api, node_id, HELD)
                 await asyncio.to_thread(
                     wait_until,
-                    lambda: admin(api, "GET", f"{RUNTIME_PROBES}/{waiting}")["state"] == "leased",
+                    lambda: admin(api, "GET", f"{RUNTIME_JOBS}/{waiting}")["state"] == "leased",
                     15,
                     "the unload of the held device claimed",
                 )
                 # Claimed after the waiting one: it runs beside it, on its own device.
                 beside = await unload(api, node_id, FREE)
-                done = await asyncio.to_thread(ended, api, beside, 30, collection=RUNTIME_PROBES)
+                done = await asyncio.to_thread(ended, api, beside, 30, collection=RUNTIME_JOBS)
                 assert done["state"] == "succeeded", done
                 assert await state_of(api, waiting) == "leased"
             # The held device's turn comes: its unload stops the server it ran.
-            done = await asyncio.to_thread(ended, api, waiting, 60, collection=RUNTIME_PROBES)
+            done = await asyncio.to_thread(ended, api, waiting, 60, collection=RUNTIME_JOBS)
             assert done["state"] == "succeeded", done
             assert done["result"]["unloaded_model"] == "smol"
             held = plane.worker.slot(HELD)
@@ -163,5 +163,5 @@ async def test_a_lost_lease_stops_a_runtime_job_before_its_work(
             await asyncio.wait_for(run.lost.wait(), 10)
         assert await asyncio.wait_for(outcome, 30) == "lease lost"
         assert slot.loaded_model == "smol", "the unload did not run"
-        job = await asyncio.to_thread(admin, api, "GET", f"{RUNTIME_PROBES}/{job_id}")
+        job = await asyncio.to_thread(admin, api, "GET", f"{RUNTIME_JOBS}/{job_id}")
         assert job["state"] == "leased" and job.get("result") is None

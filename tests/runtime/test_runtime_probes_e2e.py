@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from schemas.protocol import NODES, RUNTIME_EVIDENCE, RUNTIME_PROBES
+from schemas.protocol import NODES, RUNTIME_EVIDENCE, RUNTIME_JOBS
 from tests.agent.artifact_agent import ended
 from tests.agent.harness import admin, wait_until
 from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode, device_job, probe
@@ -114,21 +114,21 @@ def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
             body = {"node_id": node_id, "profile_id": profile["id"],
                     "environment_id": environment,
                     "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF}}  # fmt: skip
-            created_probe = client.post(RUNTIME_PROBES, json=body, headers=api.admin_headers)
+            created_probe = client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
             assert created_probe.status_code == 201, created_probe.text
             job_id = created_probe.json()["id"]
             wait_until(
-                lambda: admin(api, "GET", f"{RUNTIME_PROBES}/{job_id}")["state"] == "leased",
+                lambda: admin(api, "GET", f"{RUNTIME_JOBS}/{job_id}")["state"] == "leased",
                 15, "the claim",
             )  # fmt: skip
-            cancel = client.post(f"{RUNTIME_PROBES}/{job_id}/cancel", headers=api.admin_headers)
+            cancel = client.post(f"{RUNTIME_JOBS}/{job_id}/cancel", headers=api.admin_headers)
             assert cancel.status_code == 200, cancel.text
         # Two progress reports' worth (every 2.5 s under a 10 s lease): the waiting probe
         # has been told by the time its turn comes.
         time.sleep(6)
     finally:
         os.kill(server, signal.SIGCONT)
-    done = ended(api, job_id, 60, collection=RUNTIME_PROBES)
+    done = ended(api, job_id, 60, collection=RUNTIME_JOBS)
     holder.join(timeout=60)
     assert done["state"] == "cancelled", done
     assert admin(api, "GET", RUNTIME_EVIDENCE, params={"node_id": node_id})["items"] == []
