@@ -72,6 +72,12 @@ STREAM_FAILED = (
 _MAX_TOKENS_KEYS = frozenset({"max_tokens", "max_completion_tokens"})
 
 
+STREAM_DONE = b"data: [DONE]"
+# What a relayed request raises when llama-server or the connection to it goes away (a
+# closed session's read raises a bare TimeoutError, an OSError).
+RELAY_ERRORS = (aiohttp.ClientError, OSError)
+
+
 def bound_max_tokens(body: dict[str, Any], config: RuntimeConfig) -> str | None:
     """Give the request a bound (the configured default) when it has none; a refusal
     when it asks for more than the ceiling or for no bound at all (-1)."""
@@ -173,8 +179,8 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             await held.aclose()
             raise
         try:
-            upstream = await server.relay.post(LOCAL_CHAT_COMPLETIONS, data=raw, headers=_JSON)
-        except aiohttp.ClientError as exc:
+            upstream = await server.post_relayed(LOCAL_CHAT_COMPLETIONS, raw, _JSON)
+        except RELAY_ERRORS as exc:
             await held.aclose()
             detail = f"llama-server did not answer ({type(exc).__name__})"
             return openai_error(503, detail, "upstream_unavailable", retry_after_s=RETRY_BUSY_S)
@@ -185,7 +191,7 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
         if not stream:
             try:
                 content = await upstream.read()
-            except aiohttp.ClientError:
+            except RELAY_ERRORS:
                 return openai_error(
                     503, "llama-server failed mid-answer", "upstream_unavailable", retry_after_s=1
                 )
@@ -196,13 +202,23 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
                 await held.aclose()
             return Response(content, status_code=upstream.status, headers=headers)
 
+        # An event stream that ends without llama-server's `[DONE]` was cut (the server
+        # died or was stopped; a closed connection may read as a plain end).
+        events = upstream.status == 200 and upstream.content_type == "text/event-stream"
+
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for chunk in upstream.content.iter_any():
-                    yield chunk
-            except aiohttp.ClientError:
-                logger.warning("%s: llama-server failed mid-stream", slot.device.id)
-                yield STREAM_FAILED
+                tail = b""
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        tail = (tail + chunk)[-64:]
+                        yield chunk
+                    cut = events and STREAM_DONE not in tail
+                except RELAY_ERRORS:
+                    cut = True
+                if cut:
+                    logger.warning("%s: llama-server failed mid-stream", slot.device.id)
+                    yield STREAM_FAILED
             finally:
                 upstream.close()
                 await held.aclose()

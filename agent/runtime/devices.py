@@ -21,7 +21,7 @@ from pathlib import Path
 from agent.runtime.backends import DeviceRef, RuntimeBackend
 from agent.runtime.config import ModelSpec
 from agent.runtime.selection import Candidate
-from agent.runtime.server import LlamaServer, ServerSettings
+from agent.runtime.server import LlamaServer, ServerFailed, ServerSettings
 
 logger = logging.getLogger("modelforge.runtime.devices")
 
@@ -54,6 +54,7 @@ class DeviceSlot:
         self.server: LlamaServer | None = None
         self.pending = 0
         self.last_settle_s: float | None = None
+        self.closed = False
         # asyncio.Lock wakes its waiters in order: requests are served as they came.
         self._turn = asyncio.Lock()
 
@@ -85,6 +86,9 @@ class DeviceSlot:
             async with self._turn:
                 if when_turn is not None:
                     when_turn()
+                if self.closed:
+                    # The worker stopped while this one waited: start nothing again.
+                    raise ServerFailed("stopping", f"{self.device.id}: the worker is stopping")
                 yield await self.ensure_server(model)
         finally:
             self.pending -= 1
@@ -158,6 +162,7 @@ class DeviceSlot:
         return self.last_settle_s
 
     async def close(self) -> None:
+        self.closed = True
         server, self.server = self.server, None
         if server is not None:
             await server.close()

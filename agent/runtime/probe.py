@@ -153,7 +153,11 @@ class ProbeRun(RuntimeJob):
                     settle_s=slot.last_settle_s if slot.last_settle_s != settle_before else None,
                 )
         except ServerFailed as exc:
-            raise RuntimeFailed(RuntimeFailure(exc.code), exc.detail) from None
+            # The server's own codes are runtime failures, but for the worker stopping
+            # (another attempt may well run elsewhere, or after the restart).
+            known = exc.code in {failure.value for failure in RuntimeFailure}
+            code = RuntimeFailure(exc.code) if known else RuntimeFailure.INTERNAL
+            raise RuntimeFailed(code, exc.detail) from None
         return ProbeComplete(
             lease=self.fence, device_id=slot.device.id, health=health, evidence=evidence
         )

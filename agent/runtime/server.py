@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,12 +155,24 @@ class LlamaServer:
         # The local API relays requests with aiohttp (the proxy's hot path: a third of
         # httpx's cost per request, ops/bench/runtime.py); control calls use httpx.
         self._relay: aiohttp.ClientSession | None = None
+        # Responses being relayed: a stop ends their reads (closing the session alone
+        # leaves a streamed body's reader waiting for ever).
+        self._relayed: weakref.WeakSet[aiohttp.ClientResponse] = weakref.WeakSet()
         self.http = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(10.0, read=None),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             trust_env=False,  # loopback: never through a proxy
         )
+
+    async def post_relayed(
+        self, path: str, data: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST to llama-server for a client; its answer is read by the caller, and
+        ended with an error if this server is stopped first."""
+        response = await self.relay.post(path, data=data, headers=headers)
+        self._relayed.add(response)
+        return response
 
     @property
     def relay(self) -> aiohttp.ClientSession:
@@ -303,10 +316,19 @@ class LlamaServer:
         self.pidfile.unlink(missing_ok=True)
 
     async def close(self) -> None:
-        await self.stop()
-        await self.http.aclose()
+        # The relayed requests first: whoever still waits on this server gets its error
+        # now, not once the process has stopped (llama-server may take its stop grace
+        # with a request in flight).
+        for response in list(self._relayed):
+            if not response.closed:
+                response.content.set_exception(
+                    aiohttp.ClientConnectionError("llama-server was stopped")
+                )
+                response.close()
         if self._relay is not None:
             await self._relay.close()
+        await self.stop()
+        await self.http.aclose()
 
 
 def _model_ids(response: httpx.Response) -> set[str]:

@@ -92,32 +92,44 @@ def test_a_client_that_leaves_frees_the_device_at_once(
 def test_sigterm_ends_requests_in_flight_within_the_grace_and_stops_llama_server(
     runtimes: StartRuntime, long_context: dict[str, Any]
 ) -> None:
+    """A stream holds the device and a plain request waits behind it; SIGTERM: after
+    the grace the stream ends with an error event, the waiting request gets 503 (no
+    server is started again for it), llama-server is stopped, the worker exits."""
     runtime = runtimes(**long_context, shutdown_grace_s=2)
     one_token_within(runtime, 120)
     server = runtime.server_pid()
     assert server is not None
+    streamed = socket.create_connection(("127.0.0.1", runtime.port))
+    streamed.sendall(long_request(stream=True))
+    wait_until(lambda: generating(runtime), 30, "the long stream generating")
     answers: dict[str, httpx.Response] = {}
 
-    def plain() -> None:
+    def waiting() -> None:
         with runtime.client(timeout=120) as http:
-            body = chat("smol", "Write a very long story.", max_tokens=LONG, ignore_eos=True)
-            answers["plain"] = http.post("/v1/chat/completions", json=body)
+            answers["waiting"] = http.post("/v1/chat/completions", json=chat("smol", max_tokens=8))
 
-    caller = threading.Thread(target=plain)
+    caller = threading.Thread(target=waiting)
     caller.start()
-    wait_until(lambda: generating(runtime), 30, "the long request generating")
+    wait_until(lambda: runtime.inventory()["devices"][0]["queue_depth"] == 2, 30, "the queue")
     assert runtime.proc is not None
     started = time.monotonic()
     runtime.proc.send_signal(signal.SIGTERM)
-    assert runtime.proc.wait(timeout=30) == 0, runtime.output[-3000:]
+    assert runtime.proc.wait(timeout=60) == 0, runtime.output[-3000:]
     stopped_in = time.monotonic() - started
     caller.join(timeout=30)
     # Within the grace (2 s) and the server's own stop, not after the 6,000 tokens.
     assert stopped_in < 15, stopped_in
-    answer = answers["plain"]
+    streamed.settimeout(10)
+    received = b""
+    while chunk := streamed.recv(1 << 16):
+        received += chunk
+    assert b'"code": "upstream_unavailable"' in received, received[-500:]
+    answer = answers["waiting"]
     assert answer.status_code == 503, answer.text
-    assert answer.json()["error"]["code"] == "upstream_unavailable"
+    assert answer.json()["error"]["code"] in ("stopping", "upstream_unavailable")
     assert not alive(server), "llama-server was stopped with the worker"
+    # Started once, for the first request: none for the one that waited.
+    assert runtime.output.count("llama-server for smol on cpu started") == 1
 
 
 def test_a_sigkilled_worker_takes_its_llama_server_with_it(
