@@ -14,7 +14,7 @@ import pytest
 from schemas.protocol import ARTIFACT_JOBS, NODES
 from stack.embedded_nats import EmbeddedNats
 from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
-from tests.agent.harness import admin, wait_until
+from tests.agent.harness import AgentProcess, admin, wait_until
 from tests.api_server import RunningApi
 from tests.artifact_flows import content, file_entry
 from tests.hub_server import HubServer
@@ -199,16 +199,16 @@ def test_progress_is_visible_with_rate_and_eta(
     assert ended(job_api, job_id)["state"] == "succeeded"
 
 
-def test_sigkill_mid_download_resumes_after_the_lease_expires(
+def slow_download_with_short_leases(
     api_factory: ApiFactory,
     agents: StartAgent,
     hub: HubServer,
     tmp_path: Path,
     workers: Workers,
     nats_server: EmbeddedNats,
-) -> None:
-    """The agent dies mid-file; a worker expires its lease; the job's next attempt, on
-    the restarted agent, resumes the staged part with a Range request."""
+) -> tuple[RunningApi, AgentProcess, Path, str]:
+    """A job downloading a throttled file under 2 s leases that a worker expires at
+    once: (api, agent, root, job id)."""
     workers.env.update(
         MODELFORGE_JOB_LEASE_S="2",
         MODELFORGE_JOB_RETRY_BASE_S="0.2",
@@ -220,6 +220,22 @@ def test_sigkill_mid_download_resumes_after_the_lease_expires(
     hub.state.throttle["weights/model.gguf"] = 60_000
     agent, node_id, root = start_agent(api, agents, hub, tmp_path)
     job_id = create(api, node_id, root)
+    return api, agent, root, job_id
+
+
+def test_sigkill_mid_download_resumes_after_the_lease_expires(
+    api_factory: ApiFactory,
+    agents: StartAgent,
+    hub: HubServer,
+    tmp_path: Path,
+    workers: Workers,
+    nats_server: EmbeddedNats,
+) -> None:
+    """The agent dies mid-file; a worker expires its lease; the job's next attempt, on
+    the restarted agent, resumes the staged part with a Range request."""
+    api, agent, root, job_id = slow_download_with_short_leases(
+        api_factory, agents, hub, tmp_path, workers, nats_server
+    )
 
     def halfway() -> bool:
         progress = admin(api, "GET", f"{ARTIFACT_JOBS}/{job_id}").get("progress") or {}
@@ -251,17 +267,9 @@ def test_staging_of_a_job_cancelled_while_its_agent_was_stopped_is_swept(
     """The agent stops mid-file; the operator cancels; a worker ends the job when its
     lease runs out. Nothing will resume it: the restarted agent removes its staging
     (asking the control plane), and leaves alone what is not a job's."""
-    workers.env.update(
-        MODELFORGE_JOB_LEASE_S="2",
-        MODELFORGE_JOB_RETRY_BASE_S="0.2",
-        MODELFORGE_LEASE_SWEEP_PERIOD_S="0.2",
+    api, agent, root, job_id = slow_download_with_short_leases(
+        api_factory, agents, hub, tmp_path, workers, nats_server
     )
-    workers.start(1)
-    api = api_factory(pipeline=False, nats_url=nats_server.url, job_lease_s=2, job_retry_base_s=0.2)
-    hub.state.add(REPO, "main", COMMIT, FILES)
-    hub.state.throttle["weights/model.gguf"] = 60_000
-    agent, node_id, root = start_agent(api, agents, hub, tmp_path)
-    job_id = create(api, node_id, root)
     staging = root / ".modelforge-staging" / job_id
     not_a_job = root / ".modelforge-staging" / "operator-notes"
     not_a_job.mkdir(parents=True)
