@@ -460,13 +460,26 @@ def profile_refusals(server_args: Mapping[str, object]) -> list[FlagRefusal]:
 
 
 def local_refusals(server_args: Mapping[str, object]) -> list[FlagRefusal]:
-    """The entries of a node's own YAML `server_args` that are refused even there."""
+    """The entries of a node's own YAML `server_args` that are refused even there: the
+    managed and tool families, and a value that llama-server would read as a flag (each
+    value is its own argv element, so `{"log-prefix": "--agent"}` would pass `--agent`
+    after a flag that takes no value)."""
     refusals = []
-    for flag in server_args:
+    for flag, value in server_args.items():
         family = REFUSED.get(flag)
         if family in LOCAL_REFUSED:
             refusals.append(FlagRefusal(flag, _not_allowed(flag)))
+        elif isinstance(value, str) and value.startswith("-") and not _is_number(value):
+            refusals.append(FlagRefusal(flag, f"--{flag}: a value may not start with '-'"))
     return refusals
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _not_allowed(flag: str) -> str:

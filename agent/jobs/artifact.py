@@ -129,6 +129,7 @@ class Progress:
 
 class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
     cancelled_code = FailureCode.CANCELLED
+    internal_code = FailureCode.INTERNAL
 
     def __init__(
         self,

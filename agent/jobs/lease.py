@@ -80,6 +80,9 @@ class LeasedJob(Generic[ProgressT, DoneT, FailT]):
 
     # The kind's failure code for an operator's cancel.
     cancelled_code: StrEnum
+    # What a failure the work did not foresee is reported as (a bug, or the host
+    # refusing something): the job ends or retries instead of waiting out its lease.
+    internal_code: StrEnum
 
     def __init__(
         self,
@@ -149,6 +152,9 @@ class LeasedJob(Generic[ProgressT, DoneT, FailT]):
             return "lease lost"
         except Failed as failed:
             failure = failed
+        except Exception as exc:  # the job settles, whatever went wrong in its work
+            logger.error("%s: the work failed unexpectedly", self.name, exc_info=True)
+            failure = Failed(self.internal_code, f"unexpected {type(exc).__name__}", retryable=True)
         if failure is None:
             return await self._complete(done)
         if self.lost.is_set():

@@ -10,8 +10,10 @@ That report can never be accepted, so it extends nothing and changes nothing; th
 refusal says what the job is, because the control plane checks in a fixed order
 (store/leases.py: held):
 
-* 404 (no such job), 403 `job_not_owned` (another node's), 409 `job_finished`:
-  nothing will resume it, so the staging goes;
+* 404 `not_found` (no such job), 409 `job_finished`: nothing will resume it, so the
+  staging goes;
+* 403 `job_not_owned`: another node's job (two nodes may share a root): not this node's
+  to judge, so only its age counts, as with no answer;
 * 409 `lease_stale` or `lease_expired`: the job is queued for another attempt, or
   leased: kept, the next attempt resumes it;
 * no answer (the control plane unreachable, the credential refused): kept, unless
@@ -35,7 +37,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from agent.errors import Conflict, Refused, Rejected, RequestFailed
+from agent.errors import Conflict, Refused, RequestFailed
 from agent.jobs.paths import STAGING_DIR, PathNotAllowed, allowed_root, no_symlinks_below
 from schemas.artifacts import ProgressReport
 from schemas.errors import ErrorCode
@@ -72,10 +74,11 @@ async def verdict(route: ProgressRoute, job_id: uuid.UUID) -> Verdict:
         if exc.code in _ENDED_CONFLICTS:
             return Verdict.ENDED
         return Verdict.LIVE if exc.code in _LIVE_CONFLICTS else Verdict.UNKNOWN
-    except Rejected as exc:
-        return Verdict.ENDED if exc.code == ErrorCode.JOB_NOT_OWNED else Verdict.UNKNOWN
     except Refused as exc:
-        return Verdict.ENDED if exc.status == 404 else Verdict.UNKNOWN
+        # Our own API's 404 only (a proxy's, or a wrong path prefix, says nothing). A
+        # job of another node's (403) is not ours to judge: two nodes may share a root.
+        gone = exc.status == 404 and exc.code == ErrorCode.NOT_FOUND
+        return Verdict.ENDED if gone else Verdict.UNKNOWN
     except RequestFailed:
         return Verdict.UNKNOWN
     # Accepted: only the holder of a random 122-bit lease id could see this.

@@ -69,7 +69,8 @@ STREAM_FAILED = (
 )
 
 
-_MAX_TOKENS_KEYS = frozenset({"max_tokens", "max_completion_tokens"})
+# Every key llama-server reads a request's token bound from (n_predict before the rest).
+_MAX_TOKENS_KEYS = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
 
 
 STREAM_DONE = b"data: [DONE]"

@@ -96,8 +96,8 @@ class RuntimeConfig(YamlSettings):
     report_interval_s: float = Field(default=30.0, gt=0)
     job_poll_interval_s: float = Field(default=5.0, gt=0)
     llama_server_path: Path
-    # Where the files a runtime job loads may be (the agent's artifact_roots); empty:
-    # wherever the control plane's artifact inventory says, as a regular file.
+    # Where the files a runtime job loads may be (the agent's artifact_roots). Empty: no
+    # probe loads anything (any file the worker can read could be named otherwise).
     artifact_roots: list[Path] = Field(default_factory=list, max_length=16)
     # The models the local endpoints serve (none: a worker that only runs probes).
     models: list[ModelSpec] = Field(default_factory=list, max_length=256)

@@ -114,6 +114,10 @@ class DeviceSlot:
         except BaseException:
             await fresh.close()
             raise
+        if self.closed:
+            # The worker stopped while this one loaded: it must not outlive the close.
+            await fresh.close()
+            raise ServerFailed("stopping", f"{self.device.id}: the worker is stopping")
         self.server = fresh
         self.changed.set()
         return fresh

@@ -69,6 +69,7 @@ class RuntimeJob(LeasedJob[RuntimeJobProgress, Completion, RuntimeJobFail]):
     """Any runtime kind under its lease: progress reports name the phase."""
 
     cancelled_code = RuntimeFailure.CANCELLED
+    internal_code = RuntimeFailure.INTERNAL
 
     def __init__(
         self,

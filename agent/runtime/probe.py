@@ -41,6 +41,8 @@ from schemas.runtime import (
 )
 
 logger = logging.getLogger("modelforge.runtime.probe")
+# The probe's input is fixed by the protocol; a lease's is cut to this whatever it says.
+PROMPT_LIMIT = 4096
 
 
 def sha256_of(path: Path) -> str:
@@ -69,9 +71,16 @@ def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
 
 def model_file(named: str, roots: list[Path]) -> Path:
     """A file the lease names, if it may be loaded: an absolute path without `..`, a
-    regular file (not a link, a device or a FIFO), and inside one of the worker's
-    `artifact_roots` when it has any. The control plane resolved it from the node's
-    artifact inventory; the node does not take its word for where that is."""
+    regular file (not a link, a device or a FIFO), inside one of the worker's
+    `artifact_roots` (none: nothing is loaded for the control plane). The control plane
+    resolved it from the node's artifact inventory; the node does not take its word for
+    where that is."""
+    if not roots:
+        # Without roots any file the worker can read could be named (and its digest
+        # compared): the worker loads nothing for the control plane then.
+        raise RuntimeFailed(
+            RuntimeFailure.ARTIFACT_MISSING, "the runtime worker has no artifact_roots"
+        )
     path = Path(named)
     if not path.is_absolute() or ".." in path.parts:
         raise RuntimeFailed(
@@ -84,7 +93,7 @@ def model_file(named: str, roots: list[Path]) -> Path:
     if not stat.S_ISREG(mode):
         raise RuntimeFailed(RuntimeFailure.ARTIFACT_MISSING, f"{path} is not a regular file")
     resolved = path.resolve()
-    if roots and not any(resolved.is_relative_to(root.resolve()) for root in roots):
+    if not any(resolved.is_relative_to(root.resolve()) for root in roots):
         raise RuntimeFailed(
             RuntimeFailure.ARTIFACT_MISSING, f"{path} is outside the artifact roots"
         )
@@ -184,9 +193,10 @@ class ProbeRun(RuntimeJob):
         layers = await server.health()
         body = {
             "model": server.model.served_name,
-            "messages": [{"role": "user", "content": self.spec.prompt}],
-            # The lease's probe input is fixed; the node's ceiling bounds it anyway.
-            "max_tokens": min(self.spec.max_tokens, self.worker.config.max_tokens_ceiling),
+            "messages": [{"role": "user", "content": self.spec.prompt[:PROMPT_LIMIT]}],
+            # The lease's probe input is fixed; the node bounds it anyway (at least one
+            # token, at most the ceiling: -1 would be no bound at all).
+            "max_tokens": max(1, min(self.spec.max_tokens, self.worker.config.max_tokens_ceiling)),
             "temperature": 0,
             "stream": True,
         }

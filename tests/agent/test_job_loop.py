@@ -18,6 +18,7 @@ from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
 from agent.jobs.loop import REFUSED_BACKOFF, Job, claim_loop
 from agent.jobs.paths import staging_dir
 from agent.sources.hub import HubSource
+from schemas.artifacts import CompleteReport
 from schemas.protocol import NODES
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content, create_job, file_entry, get_job, node_with_roots
@@ -127,3 +128,40 @@ async def test_a_lost_lease_stops_an_artifact_download_and_keeps_its_part(
     assert 0 < staged.stat().st_size < len(DATA), "the part is kept for the next attempt"
     with api.client() as operator:
         assert get_job(operator, api, job_id)["state"] == "leased"
+
+
+class Broken(ArtifactJob):
+    """An artifact job whose work fails in a way it did not foresee."""
+
+    async def work(self) -> CompleteReport:
+        raise RuntimeError("a bug")
+
+
+async def test_an_unforeseen_failure_settles_the_job_as_internal(
+    api_factory: ApiFactory, hub: HubServer, tmp_path: Path
+) -> None:
+    """Not left to wait out its lease: reported as `internal` at once, and retried."""
+    root = tmp_path / "models"
+    root.mkdir()
+    api = api_factory(job_lease_s=60)
+    with api.client() as operator:
+        node = node_with_roots(operator, api, roots=[str(root)])
+        manifest = {"repository": REPO, "commit": COMMIT,
+                    "files": [file_entry("model.gguf", DATA)]}  # fmt: skip
+        response = create_job(operator, api, node, target_root=str(root), manifest=manifest)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+    async with (
+        make_http_client(api.base_url, trust_env=False) as http,
+        aiohttp.ClientSession() as session,
+    ):
+        client = ProtocolClient(http, node.credential)
+        claim = await client.claim_artifact_job()
+        assert claim is not None
+        settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.2, stall_s=10)
+        job = Broken(claim, ArtifactReports(client), HubSource(hub.url, None, session), settings)
+        assert await asyncio.wait_for(job.run(), 10) == "internal"
+    with api.client() as operator:
+        settled = get_job(operator, api, job_id)
+    assert settled["state"] == "queued" and settled["attempt"] == 1, settled
+    assert settled["failure"]["code"] == "internal" and settled["failure"]["retryable"]

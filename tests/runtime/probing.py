@@ -47,12 +47,19 @@ def node_with_model(
 
 
 def runtime_beside(
-    runtimes: StartRuntime, api: RunningApi, state: Path, binary: Path, **extra: Any
+    runtimes: StartRuntime,
+    api: RunningApi,
+    state: Path,
+    binary: Path,
+    roots: list[Path],
+    **extra: Any,
 ) -> RuntimeProcess:
-    """A runtime worker beside the agent whose state dir is `state`."""
+    """A runtime worker beside the agent whose state dir is `state` and whose artifact
+    roots are `roots`."""
     settings: dict[str, Any] = {
         "api_url": api.base_url,
         "state_dir": str(state),
+        "artifact_roots": [str(root) for root in roots],
         "llama_server_path": str(binary),
         "report_interval_s": 0.5,
         # Longer than any test here: every job is claimed because a notification (the
@@ -79,7 +86,8 @@ class ProbeNode:
     def runtime(self, binary: Path | None = None, **extra: Any) -> tuple[RuntimeProcess, str]:
         """A runtime worker beside the agent, and the environment it reported."""
         binary = binary or self.binary
-        runtime = runtime_beside(self.runtimes, self.api, self.state, binary, **extra)
+        roots = [self.model_file.parents[len(Path(REPO).parts) + 1]]
+        runtime = runtime_beside(self.runtimes, self.api, self.state, binary, roots, **extra)
         return runtime, reported_environment(self.api, self.node_id, binary)
 
 

@@ -17,7 +17,13 @@ def test_a_regular_file_inside_a_root_is_taken(tmp_path: Path) -> None:
     (root / "acme").mkdir(parents=True)
     (root / "acme" / "m.gguf").write_bytes(b"gguf")
     assert model_file(str(root / "acme" / "m.gguf"), [root]) == root / "acme" / "m.gguf"
-    assert model_file(str(root / "acme" / "m.gguf"), []) == root / "acme" / "m.gguf"
+
+
+def test_without_artifact_roots_nothing_is_loaded(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"gguf")
+    with pytest.raises(RuntimeFailed) as refused:
+        model_file(str(tmp_path / "m.gguf"), [])
+    assert "no artifact_roots" in refused.value.detail
 
 
 @pytest.mark.parametrize("case", ["relative", "dotdot", "link", "directory", "fifo", "outside",

@@ -76,6 +76,10 @@ def test_a_draft_model_and_loras_become_their_flags() -> None:
         {"parallel": [1, 2]},
         {"parallel": {"a": 1}},
         {"chat-template": "a\nb"},
+        # A value that llama-server would read as a flag of its own.
+        {"log-prefix": "--agent"},
+        {"chat-template": True, "no-warmup": "--tools"},
+        {"log-file": "-x"},
     ],
 )
 def test_the_local_escape_hatch_refuses_managed_and_tool_flags(server_args: object) -> None:
@@ -84,7 +88,8 @@ def test_the_local_escape_hatch_refuses_managed_and_tool_flags(server_args: obje
 
 
 def test_the_local_escape_hatch_keeps_the_node_operators_own_files() -> None:
-    model = spec(server_args={"log-file": "/var/log/llama.log", "slot-save-path": "/srv/slots"})
+    model = spec(server_args={"log-file": "/var/log/llama.log", "slot-save-path": "/srv/slots",
+                              "override-kv": "-1", "seed": -1})  # fmt: skip
     assert model.server_args["log-file"] == "/var/log/llama.log"
 
 

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import threading
-import time
 from pathlib import Path
 
 from schemas.protocol import NODES, RUNTIME_EVIDENCE, RUNTIME_JOBS
@@ -123,9 +122,15 @@ def test_an_operator_cancel_stops_a_probe_waiting_for_its_device(
             )  # fmt: skip
             cancel = client.post(f"{RUNTIME_JOBS}/{job_id}/cancel", headers=api.admin_headers)
             assert cancel.status_code == 200, cancel.text
-        # Two progress reports' worth (every 2.5 s under a 10 s lease): the waiting probe
-        # has been told by the time its turn comes.
-        time.sleep(6)
+
+        # A progress report recorded after the cancel was answered with it: the waiting
+        # probe has been told before its turn comes.
+        def last_report() -> str:
+            progress = admin(api, "GET", f"{RUNTIME_JOBS}/{job_id}")["progress"] or {}
+            return str(progress.get("reported_at") or "")
+
+        told = last_report()
+        wait_until(lambda: last_report() > told, 30, "a progress report after the cancel")
     finally:
         os.kill(server, signal.SIGCONT)
     done = ended(api, job_id, 60, collection=RUNTIME_JOBS)
