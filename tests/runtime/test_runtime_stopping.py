@@ -161,7 +161,8 @@ def test_max_tokens_has_a_default_and_a_ceiling(
             assert over.json()["error"]["code"] == "max_tokens_too_large"
         # Every key llama-server takes its bound from: n_predict first of all.
         for key in ("max_completion_tokens", "n_predict"):
-            over = http.post("/v1/chat/completions", json=chat("smol", max_tokens=2, **{key: 100}))
+            body = {**chat("smol", max_tokens=2), key: 100}
+            over = http.post("/v1/chat/completions", json=body)
             assert over.status_code == 400, (key, over.text)
         within = http.post("/v1/chat/completions",
                            json=chat("smol", max_tokens=2, ignore_eos=True))  # fmt: skip
