@@ -39,7 +39,7 @@ from schemas.artifacts import (
 )
 from schemas.bounded import Unreadable, read_json
 from schemas.errors import ErrorCode
-from schemas.hub import MAX_ANSWER_BYTES, REVISION, TREE, TreeEntry
+from schemas.hub import MAX_ANSWER_BYTES, MAX_TREE_PAGES, REVISION, TREE, TreeEntry
 
 T = TypeVar("T")
 
@@ -66,16 +66,24 @@ class ManifestResolver:
         await self._http.aclose()
 
     async def _get(self, path: str, what: str, schema: TypeAdapter[T], **params: str) -> T:
-        url = f"{self._endpoint}{path}"
+        value, _ = await self._page(f"{self._endpoint}{path}", what, schema, **params)
+        return value
+
+    async def _page(
+        self, url: str, what: str, schema: TypeAdapter[T], **params: str
+    ) -> tuple[T, str | None]:
+        """One answer, and the URL of its next page (the Hub paginates long lists with
+        `Link: <…>; rel="next"`), if any."""
         try:
             async with self._http.stream("GET", url, params=params or None) as response:
                 _check(response.status_code, what)
-                return await read_json(
+                value = await read_json(
                     response.aiter_bytes(),
                     schema,
                     max_bytes=MAX_ANSWER_BYTES,
                     declared=response.headers.get("content-length"),
                 )
+                following = response.links.get("next", {}).get("url")
         except httpx.HTTPError as exc:
             logger.warning("artifact source unreachable (%s)", type(exc).__name__)
             raise ServiceUnavailable(
@@ -87,6 +95,26 @@ class ManifestResolver:
             raise BadGateway(
                 f"the artifact source's {what} answer cannot be read: {exc.reason}"
             ) from None
+        # Only pages of the same source: the token goes with every request.
+        if following is not None and not following.startswith(f"{self._endpoint}/"):
+            raise BadGateway(f"the artifact source's {what} answer links outside the source")
+        return value, following
+
+    async def _tree(self, repo: str, commit: str) -> list[TreeEntry]:
+        """Every entry of the commit's tree, page after page: a file on a later page is
+        never left out silently."""
+        url: str | None = f"{self._endpoint}/api/models/{repo}/tree/{commit}"
+        params = {"recursive": "true"}
+        entries: list[TreeEntry] = []
+        for _ in range(MAX_TREE_PAGES):
+            if url is None:
+                return entries
+            page, url = await self._page(url, "tree", TREE, **params)
+            entries += page
+            params = {}  # a next page's URL carries its own query
+        if url is None:
+            return entries
+        raise BadGateway(f"the artifact source's tree has more than {MAX_TREE_PAGES} pages")
 
     async def resolve(self, request: ManifestRequest) -> ArtifactManifest:
         repo = quote(request.repository, safe="/")
@@ -96,7 +124,7 @@ class ManifestResolver:
         commit = revision.sha
         if not _COMMIT.match(commit):
             raise BadGateway("the artifact source answered a revision that is not a commit id")
-        tree = await self._get(f"/api/models/{repo}/tree/{commit}", "tree", TREE, recursive="true")
+        tree = await self._tree(repo, commit)
         selected = [
             entry
             for entry in tree

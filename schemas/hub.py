@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
 # Generous for a revision's model info (it lists every file) and a tree of thousands of
 # files; far below what could hurt the API process.
 MAX_ANSWER_BYTES: Final = 16 << 20
+# The tree is paginated (`Link: rel="next"`); a repository of more pages than this is
+# refused (502) rather than resolved from part of its files.
+MAX_TREE_PAGES: Final = 100
 
 
 class HubAnswer(BaseModel):

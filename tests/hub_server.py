@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -52,6 +52,10 @@ class HubState:
     corrupt: dict[str, bytes] = field(default_factory=dict)
     # Answer these bytes (as JSON) to a request for this API path: a hostile source.
     raw_answers: dict[str, bytes] = field(default_factory=dict)
+    # Page the tree this many entries at a time (Link: rel="next", as the Hub does).
+    tree_page: int | None = None
+    # The tree's next-page link points here instead (a hostile source).
+    tree_next: str | None = None
     released: threading.Event = field(default_factory=threading.Event)
 
     def add(self, repository: str, revision: str, commit: str, files: dict[str, bytes]) -> None:
@@ -131,12 +135,27 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
                 if repo is None or found.group(2) not in repo.commits:
                     self._json(404, {"error": "not found"})
                 else:
-                    self._json(200, state.tree(found.group(1), found.group(2)))
+                    self._tree_page(path, state.tree(found.group(1), found.group(2)))
                 return
             if found := _RESOLVE.match(path):
                 self._resolve(found.group(1), found.group(2), found.group(3))
                 return
             self._json(404, {"error": "no such route"})
+
+        def _tree_page(self, path: str, entries: list[dict[str, Any]]) -> None:
+            size = state.tree_page
+            if size is None:
+                self._json(200, entries)
+                return
+            query = parse_qs(urlsplit(self.path).query)
+            start = int(query.get("cursor", ["0"])[0])
+            page = entries[start : start + size]
+            headers = {"Content-Type": "application/json"}
+            if start + size < len(entries):
+                origin = f"http://{self.headers.get('Host')}"
+                following = f"{origin}{path}?recursive=true&cursor={start + size}"
+                headers["Link"] = f'<{state.tree_next or following}>; rel="next"'
+            self._send(200, json.dumps(page).encode(), headers)
 
         def _resolve(self, repository: str, commit: str, file_path: str) -> None:
             repo = state.repos.get(repository)

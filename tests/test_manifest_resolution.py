@@ -198,3 +198,34 @@ def test_a_hostile_tree_answer_is_a_typed_502(api_factory: ApiFactory, hub: HubS
         # The API is still well: the source answers properly again, the job is created.
         del hub.state.raw_answers[tree]
         ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)
+
+
+def test_every_page_of_a_paginated_tree_is_read(api_factory: ApiFactory, hub: HubServer) -> None:
+    """The Hub pages long trees (Link: rel="next"): a file on a later page is resolved,
+    never left out."""
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.tree_page = 2
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "revision": "main", "patterns": ["*"]}
+        job = ok(create_job(client, api, node, manifest=None, resolve=resolve), 201)
+    assert [f["path"] for f in job["spec"]["files"]] == sorted(FILES)
+    tree_requests = [r for r in hub.state.requests if "/tree/" in r]
+    assert len(tree_requests) >= 3, tree_requests
+
+
+def test_a_next_page_outside_the_source_is_a_typed_502(
+    api_factory: ApiFactory, hub: HubServer
+) -> None:
+    """The token goes with every request: a link to another host is never followed."""
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.tree_page = 2
+    hub.state.tree_next = "http://elsewhere.invalid/api/models/x/tree/y?cursor=2"
+    api = _api(api_factory, hub)
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        resolve = {"repository": REPO, "revision": "main", "patterns": ["*"]}
+        body = refused(create_job(client, api, node, manifest=None, resolve=resolve), 502,
+                       "source_invalid")  # fmt: skip
+    assert "links outside the source" in body["message"]
