@@ -10,18 +10,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from agent.client import ProtocolClient, make_http_client
 from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
 from agent.jobs.loop import REFUSED_BACKOFF, Job, claim_loop
 from agent.jobs.paths import staging_dir
-from agent.sources.hub import HubSource
 from schemas.artifacts import CompleteReport
 from schemas.protocol import NODES
+from tests.agent.claimed_jobs import claimed, one_file_job
 from tests.api_server import ApiFactory, RunningApi
-from tests.artifact_flows import content, create_job, file_entry, get_job, node_with_roots
+from tests.artifact_flows import content, get_job, node_with_roots
 from tests.hub_server import HubServer
 
 POLL_S = 0.1
@@ -93,24 +92,10 @@ async def test_a_lost_lease_stops_an_artifact_download_and_keeps_its_part(
     root = tmp_path / "models"
     root.mkdir()
     api = api_factory(job_lease_s=4)
-    with api.client() as operator:
-        node = node_with_roots(operator, api, roots=[str(root)])
-        manifest = {"repository": REPO, "commit": COMMIT,
-                    "files": [file_entry("model.gguf", DATA)]}  # fmt: skip
-        response = create_job(operator, api, node, target_root=str(root), manifest=manifest)
-        assert response.status_code == 201, response.text
-        job_id = response.json()["id"]
-    async with (
-        make_http_client(api.base_url, trust_env=False) as http,
-        aiohttp.ClientSession() as session,
-    ):
-        client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
+    node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA)
+    async with claimed(api, node, hub) as (client, claim, source):
         settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.2, stall_s=10)
-        job = ArtifactJob(
-            claim, ArtifactReports(client), HubSource(hub.url, None, session), settings
-        )
+        job = ArtifactJob(claim, ArtifactReports(client), source, settings)
         outcome = asyncio.create_task(job.run())
 
         staged = staging_dir(root, claim.job_id) / "model.gguf"
@@ -144,22 +129,10 @@ async def test_an_unforeseen_failure_settles_the_job_as_internal(
     root = tmp_path / "models"
     root.mkdir()
     api = api_factory(job_lease_s=60)
-    with api.client() as operator:
-        node = node_with_roots(operator, api, roots=[str(root)])
-        manifest = {"repository": REPO, "commit": COMMIT,
-                    "files": [file_entry("model.gguf", DATA)]}  # fmt: skip
-        response = create_job(operator, api, node, target_root=str(root), manifest=manifest)
-        assert response.status_code == 201, response.text
-        job_id = response.json()["id"]
-    async with (
-        make_http_client(api.base_url, trust_env=False) as http,
-        aiohttp.ClientSession() as session,
-    ):
-        client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
+    node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA)
+    async with claimed(api, node, hub) as (client, claim, source):
         settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.2, stall_s=10)
-        job = Broken(claim, ArtifactReports(client), HubSource(hub.url, None, session), settings)
+        job = Broken(claim, ArtifactReports(client), source, settings)
         assert await asyncio.wait_for(job.run(), 10) == "internal"
     with api.client() as operator:
         settled = get_job(operator, api, job_id)

@@ -9,15 +9,13 @@ import asyncio
 import uuid
 from pathlib import Path
 
-import aiohttp
-
-from agent.client import ProtocolClient, make_http_client
+from agent.client import ProtocolClient
 from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
-from agent.sources.hub import HubSource
 from schemas.artifacts import CompleteAnswer, CompleteReport, ProgressReport
 from schemas.jobs import FailAnswer, FailReport, ProgressAnswer
+from tests.agent.claimed_jobs import claimed, one_file_job
 from tests.api_server import ApiFactory
-from tests.artifact_flows import content, create_job, file_entry, get_job, node_with_roots
+from tests.artifact_flows import content, get_job
 from tests.hub_server import HubServer
 
 REPO = "acme/tiny-model"
@@ -65,30 +63,13 @@ def test_no_progress_report_is_sent_after_the_fail_report(
     root = tmp_path / "models"
     root.mkdir()
     api = api_factory()
-    with api.client() as client:
-        node = node_with_roots(client, api, roots=[str(root)])
-        manifest = {
-            "repository": REPO,
-            "commit": COMMIT,
-            "files": [file_entry("model.gguf", DATA)],
-        }
-        response = create_job(
-            client, api, node, target_root=str(root), manifest=manifest, max_attempts=1
-        )
-        assert response.status_code == 201, response.text
-        job_id = response.json()["id"]
+    node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA, max_attempts=1)
 
     async def run() -> tuple[str, Watched, list[ProgressAnswer | BaseException]]:
-        async with (
-            make_http_client(api.base_url, trust_env=False) as http,
-            aiohttp.ClientSession() as session,
-        ):
-            client = ProtocolClient(http, node.credential)
-            claim = await client.claim_artifact_job()
-            assert claim is not None
+        async with claimed(api, node, hub) as (client, claim, source):
             watched = Watched(client)
             settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.05, stall_s=5)
-            job = ArtifactJob(claim, watched, HubSource(hub.url, None, session), settings)
+            job = ArtifactJob(claim, watched, source, settings)
             outcome = await job.run()
             # Whatever was still on the link arrives (and is answered) before we look.
             answers = await asyncio.gather(*watched.deliveries, return_exceptions=True)
