@@ -4,8 +4,9 @@ kind adds only its typed spec, progress and result."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from schemas.admin import (
     GpuInfo,
@@ -20,14 +21,10 @@ from schemas.agent import NotAppliedReason
 from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult
 from schemas.jobs import JobFailureView, JobKind, JobState, JobView, LeaseView
 from schemas.runtime import (
-    DeviceSpec,
     HealthJobView,
-    HealthResult,
     ProbeJobView,
-    ProbeResult,
     RuntimeProgressView,
     UnloadJobView,
-    UnloadResult,
 )
 from store import artifacts, results, runtime
 from store.models import Gpu, Job, Node, NodeStream
@@ -171,31 +168,26 @@ def _artifact_progress(progress: dict[str, Any]) -> ArtifactProgressView:
     )
 
 
-def runtime_job_view(job: Job) -> ProbeJobView | HealthJobView | UnloadJobView:
-    progress = RuntimeProgressView.model_validate(job.progress) if job.progress else None
-    match JobKind(job.kind):
-        case JobKind.RUNTIME_PROBE:
-            return job_view(
-                ProbeJobView,
-                job,
-                spec=runtime.probe_spec(job),
-                progress=progress,
-                result=results.read(job, ProbeResult),
-            )
-        case JobKind.RUNTIME_HEALTH:
-            return job_view(
-                HealthJobView,
-                job,
-                spec=DeviceSpec.model_validate(job.spec),
-                progress=progress,
-                result=results.read(job, HealthResult),
-            )
-        case JobKind.RUNTIME_UNLOAD:
-            return job_view(
-                UnloadJobView,
-                job,
-                spec=DeviceSpec.model_validate(job.spec),
-                progress=progress,
-                result=results.read(job, UnloadResult),
-            )
-    raise ValueError(f"{job.kind} is not a runtime job")
+# schemas.runtime.RuntimeJobView without its discriminator (a view class, not a field)
+RuntimeKindView = ProbeJobView | HealthJobView | UnloadJobView
+# Each runtime kind's view; its spec is store.runtime.spec_of's, its result the kind's
+# model in store.results.RESULTS.
+_RUNTIME_VIEWS: Final[Mapping[JobKind, type[RuntimeKindView]]] = {
+    JobKind.RUNTIME_PROBE: ProbeJobView,
+    JobKind.RUNTIME_HEALTH: HealthJobView,
+    JobKind.RUNTIME_UNLOAD: UnloadJobView,
+}
+
+
+def runtime_job_view(job: Job) -> RuntimeKindView:
+    kind = JobKind(job.kind)
+    view = _RUNTIME_VIEWS.get(kind)
+    if view is None:
+        raise ValueError(f"{job.kind} is not a runtime job")
+    return job_view(
+        view,
+        job,
+        spec=runtime.spec_of(job),
+        progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
+        result=results.read(job, results.RESULTS[kind]),
+    )
