@@ -210,8 +210,10 @@ def test_a_mismatched_inventory_fails_the_job(jobs_api: RunningApi) -> None:
         }
 
 
-def test_retryable_failures_back_off_and_fence_the_old_lease(jobs_api: RunningApi) -> None:
-    api = jobs_api
+def test_retryable_failures_back_off_and_fence_the_old_lease(api_factory: ApiFactory) -> None:
+    # A backoff of seconds: the claim right after the fail lands inside it however
+    # loaded the machine (0.2 s was not always enough).
+    api = api_factory(job_retry_base_s=3, job_retry_max_s=3, job_lease_s=30)
     with api.client() as client:
         node = node_with_roots(client, api)
         job_id = created(client, api, node, max_attempts=2)
@@ -219,7 +221,7 @@ def test_retryable_failures_back_off_and_fence_the_old_lease(jobs_api: RunningAp
         answer = ok(fail(client, node, job_id, fence(first), "source_unavailable", retryable=True))
         assert answer["state"] == "queued" and answer["retry_at"] is not None
         assert claim(client, node).status_code == 204  # backing off
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         while (response := claim(client, node)).status_code == 204:
             assert time.monotonic() < deadline, "the retry never became claimable"
             time.sleep(0.05)
