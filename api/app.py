@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
+from api.gateway.routes import router as gateway_router
 from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
@@ -97,4 +98,5 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(health_router)
     app.include_router(agent_router)
     app.include_router(admin_router)
+    app.include_router(gateway_router)
     return app

@@ -52,6 +52,12 @@ class EventType(StrEnum):
     JOB_CANCELLED = "job.cancelled"
     JOB_EXPIRED = "job.expired"
     RUNTIME_PROFILE_CREATED = "runtime.profile_created"
+    DEPLOYMENT_CREATED = "deployment.created"
+    # Every lifecycle transition (schemas/deployments.py: DeploymentState).
+    DEPLOYMENT_STATE_CHANGED = "deployment.state_changed"
+    SERVICE_CLIENT_CREATED = "service_client.created"
+    SERVICE_CLIENT_ROTATED = "service_client.rotated"
+    SERVICE_CLIENT_REVOKED = "service_client.revoked"
 
     @property
     def cloudevent_type(self) -> str:
@@ -79,6 +85,8 @@ SUBJECT_IDS: dict[str, str] = {
     "fleet": "incident_id",
     "job": "job_id",
     "runtime": "profile_id",
+    "deployment": "deployment_id",
+    "service_client": "client_id",
 }
 TARGET_TYPES: dict[str, str] = {
     "node": "node",
@@ -86,6 +94,8 @@ TARGET_TYPES: dict[str, str] = {
     "fleet": "fleet_incident",
     "job": "job",
     "runtime": "runtime_profile",
+    "deployment": "deployment",
+    "service_client": "service_client",
 }
 
 # Who made a change: the operator (admin API), a node (its own credential), or a worker
@@ -282,6 +292,23 @@ class JobEvent(WireModel):
     percent: int | None = None
 
 
+class DeploymentEvent(WireModel):
+    """A deployment created, or moved from one state to another (`previous`), and why
+    (a failure code, `node_offline`, `operator`, ...)."""
+
+    deployment_id: uuid.UUID
+    node_id: uuid.UUID
+    model: str
+    state: str
+    previous: str | None = None
+    reason: str | None = None
+
+
+class ServiceClientEvent(WireModel):
+    client_id: uuid.UUID
+    name: str
+
+
 class RuntimeProfileCreated(WireModel):
     """A new immutable version of a runtime profile (a change is always a new version)."""
 
@@ -326,6 +353,11 @@ EVENT_MEANINGS: dict[EventType, str] = {
     EventType.JOB_CANCELLED: "the job ended cancelled",
     EventType.JOB_EXPIRED: "the lease ran out without a report; a worker took the job back",
     EventType.RUNTIME_PROFILE_CREATED: "an operator created a runtime profile version",
+    EventType.DEPLOYMENT_CREATED: "an operator created a deployment (pending)",
+    EventType.DEPLOYMENT_STATE_CHANGED: "a deployment moved through its lifecycle",
+    EventType.SERVICE_CLIENT_CREATED: "an operator created a service client",
+    EventType.SERVICE_CLIENT_ROTATED: "a service client's secret was replaced",
+    EventType.SERVICE_CLIENT_REVOKED: "a service client was revoked",
 }
 
 # Events that record no change of state, so the audit log leaves them out: an accepted
@@ -366,4 +398,9 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.JOB_CANCELLED: JobEvent,
     EventType.JOB_EXPIRED: JobEvent,
     EventType.RUNTIME_PROFILE_CREATED: RuntimeProfileCreated,
+    EventType.DEPLOYMENT_CREATED: DeploymentEvent,
+    EventType.DEPLOYMENT_STATE_CHANGED: DeploymentEvent,
+    EventType.SERVICE_CLIENT_CREATED: ServiceClientEvent,
+    EventType.SERVICE_CLIENT_ROTATED: ServiceClientEvent,
+    EventType.SERVICE_CLIENT_REVOKED: ServiceClientEvent,
 }

@@ -7,12 +7,27 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas import admin, agent, artifacts, errors, events, jobs, runtime, runtime_local
+from schemas import (
+    admin,
+    agent,
+    artifacts,
+    deployments,
+    errors,
+    events,
+    gateway,
+    jobs,
+    runtime,
+    runtime_local,
+    service_clients,
+)
 
 
 def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
-    for module in (agent, admin, artifacts, errors, events, jobs, runtime, runtime_local):
+    for module in (
+        agent, admin, artifacts, deployments, errors, events, gateway, jobs, runtime,
+        runtime_local, service_clients,
+    ):  # fmt: skip
         for name, value in vars(module).items():
             if (
                 isinstance(value, type)

@@ -27,6 +27,15 @@ class JobKind(StrEnum):
     RUNTIME_PROBE = "runtime.probe.v1"
     RUNTIME_HEALTH = "runtime.health.v1"
     RUNTIME_UNLOAD = "runtime.unload.v1"
+    # A deployment's lifecycle on its node (schemas/deployments.py), claimed by the
+    # runtime worker from the deployment-jobs routes.
+    DEPLOYMENT_LOAD = "deployment.load.v1"
+    DEPLOYMENT_HEALTH = "deployment.health.v1"
+    DEPLOYMENT_DRAIN = "deployment.drain.v1"
+    DEPLOYMENT_UNLOAD = "deployment.unload.v1"
+    # One gateway request, delivered with its lease on the runtime worker's held channel
+    # (schemas/gateway.py: Invoke); never a row in the jobs table.
+    DEPLOYMENT_INVOKE = "deployment.invoke.v1"
 
 
 class JobState(StrEnum):

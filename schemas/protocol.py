@@ -72,3 +72,56 @@ def secret_pattern(prefix: str) -> re.Pattern[str]:
 # Streams ------------------------------------------------------------------------------
 
 EVENTS_STREAM: Final = "MODELFORGE_EVENTS"
+
+# M5: deployments, service clients and the gateway -------------------------------------
+
+# The runtime worker claims its deployment jobs here and reports under their leases,
+# exactly like runtime jobs.
+DEPLOYMENT_JOBS_NEXT: Final = f"{AGENT_PREFIX}/deployment-jobs/next"
+DEPLOYMENT_JOB_PROGRESS: Final = f"{AGENT_PREFIX}/deployment-jobs/{{job_id}}/progress"
+DEPLOYMENT_JOB_COMPLETE: Final = f"{AGENT_PREFIX}/deployment-jobs/{{job_id}}/complete"
+DEPLOYMENT_JOB_FAIL: Final = f"{AGENT_PREFIX}/deployment-jobs/{{job_id}}/fail"
+# The runtime worker's held channel (server-sent events): `event: job` notes as on
+# NOTIFICATIONS, `event: invoke` with a leased invoke (schemas/gateway.py: Invoke) and
+# `event: cancel` when the invoke's client left.
+RUNTIME_CHANNEL: Final = f"{AGENT_PREFIX}/runtime/channel"
+# The runtime worker streams an invoke's answer back here (the request body is
+# llama-server's answer as it comes), under the invoke's lease (the headers below).
+INVOKE_STREAM: Final = f"{AGENT_PREFIX}/invokes/{{invoke_id}}/stream"
+
+DEPLOYMENTS: Final = f"{ADMIN_PREFIX}/deployments"
+DEPLOYMENT_JOBS: Final = f"{ADMIN_PREFIX}/deployment-jobs"
+SERVICE_CLIENTS: Final = f"{ADMIN_PREFIX}/service-clients"
+
+# The OpenAI-compatible gateway, for service clients.
+GATEWAY_PREFIX: Final = "/v1"
+GATEWAY_MODELS: Final = f"{GATEWAY_PREFIX}/models"
+GATEWAY_CHAT_COMPLETIONS: Final = f"{GATEWAY_PREFIX}/chat/completions"
+
+# An invoke's answer stream: which lease it is under, for which gateway process, and
+# the status llama-server (or the runtime worker, refusing) answered with.
+INVOKE_LEASE_HEADER: Final = "X-ModelForge-Lease"
+INVOKE_EPOCH_HEADER: Final = "X-ModelForge-Epoch"
+INVOKE_GATEWAY_HEADER: Final = "X-ModelForge-Gateway"
+INVOKE_STATUS_HEADER: Final = "X-ModelForge-Upstream-Status"
+# Route receipts on every gateway answer.
+ROUTE_DEPLOYMENT_HEADER: Final = "X-ModelForge-Deployment"
+ROUTE_NODE_HEADER: Final = "X-ModelForge-Node"
+ROUTE_DEVICE_HEADER: Final = "X-ModelForge-Device"
+ROUTE_REASON_HEADER: Final = "X-ModelForge-Route-Reason"
+ROUTE_OVERHEAD_HEADER: Final = "X-ModelForge-Gateway-Overhead-Ms"
+
+SERVICE_CLIENT_PREFIX: Final = "mfs"
+
+# Core NATS subjects (outside the events stream's `modelforge.v1.>`: never stored):
+# an invoke for a node's runtime channel (a request: the API process holding the
+# channel answers), and its answer's chunks for the gateway process holding the client.
+INVOKE_SUBJECTS: Final = "modelforge.invoke.v1"
+
+
+def invoke_node_subject(node_id: object) -> str:
+    return f"{INVOKE_SUBJECTS}.node.{node_id}"
+
+
+def invoke_reply_subject(gateway: str, invoke_id: object) -> str:
+    return f"{INVOKE_SUBJECTS}.gateway.{gateway}.{invoke_id}"

@@ -181,6 +181,8 @@ class RuntimeFailure(StrEnum):
     UNSUPPORTED_BACKEND = "unsupported_backend"
     # The profile carries what the node's allow-list refuses: nothing was started.
     PROFILE_REFUSED = "profile_refused"
+    # The device serves a deployment (pinned to its model until that is unloaded).
+    DEVICE_PINNED = "device_pinned"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
 
@@ -298,7 +300,7 @@ RuntimeClaim = Annotated[ProbeClaim | DeviceJobClaim, Field(discriminator="kind"
 
 
 # Where a runtime job is: verifying its files, loading the model, probing it.
-Phase = Literal["verifying", "loading", "probing"]
+Phase = Literal["verifying", "loading", "probing", "draining", "unloading"]
 
 
 class RuntimeJobProgress(WireModel):

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from schemas.agent import Sequence
 from schemas.base import Count, Number, Text, Timestamp, WireModel
+from schemas.deployments import ReportedDeployment
 from schemas.runtime import DeviceId, EnvironmentReport
 
 # The runtime worker's local endpoints (the local API, not the control plane's).
@@ -52,6 +53,10 @@ class RuntimeInventory(WireModel):
     devices: Annotated[list[RuntimeDevice], Field(max_length=64)]
     served_models: Annotated[list[ServedModel], Field(max_length=256)]
     loaded_models: Annotated[list[ModelName], Field(max_length=64)]
+    # The deployments loaded here (M5), with their invokes in flight.
+    deployments: Annotated[list[ReportedDeployment], Field(max_length=64)] = Field(
+        default_factory=list
+    )
 
 
 class RuntimeRegistration(WireModel):

@@ -15,6 +15,8 @@ from typing import Final, TypeVar
 
 from schemas.artifacts import ArtifactResult
 from schemas.base import WireModel
+from schemas.deployments import DrainResult, LoadResult, UnloadResult as DeploymentUnloadResult
+from schemas.deployments import HealthResult as DeploymentHealthResult
 from schemas.jobs import JobKind
 from schemas.runtime import HealthResult, ProbeResult, UnloadResult
 from store.models import Job
@@ -24,6 +26,10 @@ RESULTS: Final[Mapping[JobKind, type[WireModel]]] = {
     JobKind.RUNTIME_PROBE: ProbeResult,
     JobKind.RUNTIME_HEALTH: HealthResult,
     JobKind.RUNTIME_UNLOAD: UnloadResult,
+    JobKind.DEPLOYMENT_LOAD: LoadResult,
+    JobKind.DEPLOYMENT_HEALTH: DeploymentHealthResult,
+    JobKind.DEPLOYMENT_DRAIN: DrainResult,
+    JobKind.DEPLOYMENT_UNLOAD: DeploymentUnloadResult,
 }
 
 R = TypeVar("R", bound=WireModel)

@@ -36,7 +36,7 @@ RETRYABLE = frozenset(
 )
 
 Completion = ProbeComplete | HealthComplete | UnloadComplete
-Phase = Literal["verifying", "loading", "probing"]
+Phase = Literal["verifying", "loading", "probing", "draining", "unloading"]
 
 
 class RuntimeReports:

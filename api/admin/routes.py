@@ -14,9 +14,11 @@ from api.admin import (
     credentials,
     dead_letters,
     decommission,
+    deployments,
     fleet,
     nodes,
     runtime,
+    service_clients,
     tokens,
 )
 from api.deps import AdminTransaction, State, require_operator
@@ -203,3 +205,5 @@ async def delete_dead_letter(seq: PositiveParam, state: State) -> None:
 # covers every one of their routes too.
 router.include_router(artifact_jobs.router)
 router.include_router(runtime.router)
+router.include_router(deployments.router)
+router.include_router(service_clients.router)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.agent import artifact_jobs, notifications, runtime
+from api.agent import artifact_jobs, deployments, notifications, runtime
 from api.agent.enrollment import enroll
 from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
@@ -71,3 +71,4 @@ async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestRe
 router.include_router(artifact_jobs.router)
 router.include_router(runtime.router)
 router.include_router(notifications.router)
+router.include_router(deployments.router)

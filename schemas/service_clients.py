@@ -1,0 +1,60 @@
+"""Service clients: the callers of the gateway. A credential kind of their own (prefix
+`mfs`, schemas/protocol.py), shown once, stored as a digest, scoped to served models
+and/or roles, with optional concurrency and rate bounds. A node credential is never
+accepted where a service client's is, and the reverse holds too."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field, Strict, model_validator
+
+from schemas.base import Name, WireModel
+from schemas.deployments import Roles, ServedModel
+
+
+class ServiceClientState(StrEnum):
+    ACTIVE = "active"
+    REVOKED = "revoked"
+
+
+class ServiceClientCreate(WireModel):
+    name: Name
+    models: Annotated[list[ServedModel], Field(max_length=64)] = Field(default_factory=list)
+    roles: Roles = Field(default_factory=list)
+    # Requests at once, across this client's calls (per API process).
+    max_concurrent: Annotated[int, Strict(), Field(ge=1, le=10_000)] | None = None
+    # Requests per minute (per API process).
+    rate_per_minute: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _scoped(self) -> ServiceClientCreate:
+        if not self.models and not self.roles:
+            raise ValueError("a service client is scoped to at least one model or role")
+        return self
+
+
+class ServiceClientView(WireModel):
+    id: uuid.UUID
+    name: str
+    models: list[str]
+    roles: list[str]
+    max_concurrent: int | None
+    rate_per_minute: int | None
+    state: ServiceClientState
+    created_at: datetime
+    rotated_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ServiceClientCreated(ServiceClientView):
+    """Create and rotate answer the secret once; only its digest is kept."""
+
+    secret: str
+
+
+class ServiceClientList(WireModel):
+    items: list[ServiceClientView]

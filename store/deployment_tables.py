@@ -1,0 +1,62 @@
+"""The M5 tables (migration 0010): deployments and service clients."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from store.models import Base
+
+
+class Deployment(Base):
+    """An artifact served on one node's device (store/deployments.py moves it)."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    roles: Mapped[list[str]] = mapped_column(JSONB)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"))
+    device_id: Mapped[str] = mapped_column(String(16))
+    artifact: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    profile_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runtime_profiles.id"))
+    profile_version: Mapped[int] = mapped_column(Integer)
+    environment_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runtime_environments.id"))
+    # The resolved deployment.load.v1 spec (schemas/deployments.py: LoadSpec).
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(String(16))
+    max_concurrent: Mapped[int] = mapped_column(Integer)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    failure_code: Mapped[str | None] = mapped_column(String(64))
+    failure_detail: Mapped[str | None] = mapped_column(String(500))
+    queue_depth: Mapped[int | None] = mapped_column(Integer)
+    cooldown_until: Mapped[datetime | None]
+    cooldown_reason: Mapped[str | None] = mapped_column(String(200))
+    drain_deadline_s: Mapped[float | None] = mapped_column(Float)
+    # The job moving it now, or the last one that did.
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id"))
+    # When the next deployment.health.v1 is due (ready deployments).
+    health_due_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    state_changed_at: Mapped[datetime]
+
+
+class ServiceClient(Base):
+    __tablename__ = "service_clients"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    digest: Mapped[bytes] = mapped_column(LargeBinary)
+    models: Mapped[list[str]] = mapped_column(JSONB)
+    roles: Mapped[list[str]] = mapped_column(JSONB)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    rate_per_minute: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    rotated_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
