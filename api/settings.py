@@ -70,6 +70,18 @@ class ApiSettings(LeaseSettings):
     # Server-resolved artifact manifests (api/manifests.py): a Hub-layout source.
     artifact_source_url: str = "https://huggingface.co"
     artifact_source_token: SecretStr | None = None
+    # The gateway (api/gateway/). Time to first token and the gap between tokens are
+    # separate bounds, so a slow prefill is not taken for a hang.
+    gateway_first_token_timeout_s: float = Field(default=60.0, gt=0)
+    gateway_token_gap_timeout_s: float = Field(default=30.0, gt=0)
+    # How long a runtime channel may take to take an invoke (a NATS request).
+    gateway_delivery_timeout_s: float = Field(default=2.0, gt=0)
+    # Deployments tried per request, before the first byte reached the client.
+    gateway_attempts: int = Field(default=3, ge=1, le=10)
+    # A deployment that failed or timed out an invoke is not routed to for this long.
+    gateway_cooldown_s: float = Field(default=10.0, ge=0)
+    # A token bound for a request that names none.
+    gateway_default_max_tokens: int = Field(default=512, ge=1, le=8192)
 
     @property
     def gap_s(self) -> float:

@@ -6,6 +6,7 @@ order, and the runtime jobs (probe, health, unload) over the shared leases
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -178,15 +179,37 @@ def _admitted(profile: RuntimeProfile) -> LlamaSettings:
         ) from None
 
 
-async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: str) -> Job:
-    node = await nodes.schedulable(session, request.node_id, locked=True)
-    profile = await session.get(RuntimeProfile, request.profile_id)
+@dataclass(frozen=True)
+class ResolvedRun:
+    """What a probe or a deployment loads on its node, resolved by the control plane:
+    the profile under today's allow-list, the environment the node reports, and every
+    file as the node's verified copy (path and digest)."""
+
+    profile: RuntimeProfile
+    environment: RuntimeEnvironment
+    settings: LlamaSettings
+    model: VerifiedFile
+    draft_model: VerifiedFile | None
+    loras: list[ResolvedLora]
+
+
+async def resolve_run(
+    session: AsyncSession,
+    node_id: uuid.UUID,
+    artifact: ArtifactRef,
+    profile_id: uuid.UUID,
+    environment_id: uuid.UUID,
+) -> ResolvedRun:
+    """422 for an unknown profile or environment, an environment the node's runtime
+    worker does not report, a profile the allow-list refuses, or a file the node has no
+    verified copy of."""
+    profile = await session.get(RuntimeProfile, profile_id)
     if profile is None:
         raise Invalid("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
-    environment = await session.get(RuntimeEnvironment, request.environment_id)
+    environment = await session.get(RuntimeEnvironment, environment_id)
     if environment is None:
         raise Invalid("no such runtime environment", code=ErrorCode.ENVIRONMENT_UNKNOWN)
-    reported = await node_runtime(session, node.id)
+    reported = await node_runtime(session, node_id)
     listed = (reported or {}).get("environments", [])
     binaries = {entry["binary_sha256"] for entry in listed}
     if environment.binary_sha256 not in binaries:
@@ -195,24 +218,38 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
             code=ErrorCode.ENVIRONMENT_NOT_ON_NODE,
         )
     settings = _admitted(profile)
-    model = await _artifact_file(session, node.id, request.artifact)
     draft = settings.draft_model
-    spec = ProbeSpec(
-        artifact_path=model.path,
-        artifact_digest=model.sha256,
-        profile_id=profile.id,
-        profile_version=profile.version,
-        settings=settings.model_dump(mode="json"),
-        draft_model=await _artifact_file(session, node.id, draft) if draft else None,
+    return ResolvedRun(
+        profile=profile,
+        environment=environment,
+        settings=settings,
+        model=await _artifact_file(session, node_id, artifact),
+        draft_model=await _artifact_file(session, node_id, draft) if draft else None,
         loras=[
             ResolvedLora(
-                **(await _artifact_file(session, node.id, lora.artifact)).model_dump(),
+                **(await _artifact_file(session, node_id, lora.artifact)).model_dump(),
                 scale=lora.scale,
             )
             for lora in settings.loras
         ],
-        environment_id=environment.id,
-        binary_sha256=environment.binary_sha256,
+    )
+
+
+async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: str) -> Job:
+    node = await nodes.schedulable(session, request.node_id, locked=True)
+    run = await resolve_run(
+        session, node.id, request.artifact, request.profile_id, request.environment_id
+    )
+    spec = ProbeSpec(
+        artifact_path=run.model.path,
+        artifact_digest=run.model.sha256,
+        profile_id=run.profile.id,
+        profile_version=run.profile.version,
+        settings=run.settings.model_dump(mode="json"),
+        draft_model=run.draft_model,
+        loras=run.loras,
+        environment_id=run.environment.id,
+        binary_sha256=run.environment.binary_sha256,
         device_id=request.device_id,
     )
     return await leases.queue(
@@ -220,18 +257,25 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
     )
 
 
-async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, actor: str) -> Job:
-    """A runtime.health.v1 or runtime.unload.v1 job for a device the node's runtime
-    worker reports (422 otherwise)."""
-    node = await nodes.schedulable(session, request.node_id, locked=True)
-    reported = await node_runtime(session, node.id)
-    devices = [d.get("device_id") for d in (reported or {}).get("devices", [])]
-    if request.device_id not in devices:
+async def reported_devices(session: AsyncSession, node_id: uuid.UUID) -> list[str]:
+    reported = await node_runtime(session, node_id)
+    return [d.get("device_id") for d in (reported or {}).get("devices", [])]
+
+
+def require_device(devices: list[str], device_id: str) -> None:
+    if device_id not in devices:
         raise Invalid(
             "the node's runtime worker does not report that device",
             code=ErrorCode.DEVICE_NOT_ON_NODE,
             extra={"devices": devices},
         )
+
+
+async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, actor: str) -> Job:
+    """A runtime.health.v1 or runtime.unload.v1 job for a device the node's runtime
+    worker reports (422 otherwise)."""
+    node = await nodes.schedulable(session, request.node_id, locked=True)
+    require_device(await reported_devices(session, node.id), request.device_id)
     return await leases.queue(
         session,
         JobKind(request.kind),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from store.deployments import ReconcilePolicy
 from store.leases import LeasePolicy
 
 
@@ -24,6 +25,12 @@ class LeaseSettings(BaseSettings):
     job_lease_s: float = Field(default=60.0, gt=0, le=3600)
     job_retry_base_s: float = Field(default=5.0, ge=0)
     job_retry_max_s: float = Field(default=300.0, ge=0)
+    # A ready deployment's health is checked this often (deployment.health.v1); the
+    # API (settling a load) and the reconciler both schedule it.
+    deployment_health_period_s: float = Field(default=30.0, gt=0)
+
+    def reconcile_policy(self) -> ReconcilePolicy:
+        return ReconcilePolicy(health_period_s=self.deployment_health_period_s)
 
     def lease_policy(self) -> LeasePolicy:
         return LeasePolicy(

@@ -10,10 +10,12 @@ import dramatiq
 
 from broker.jetstream import AsyncResource
 from store.correlation import correlation_id_var
+from store.deployments import ReconcilePolicy
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from workers.database import Database
+from workers.deployments import reconcile
 from workers.leases import expire
 from workers.liveness import sweep
 
@@ -21,12 +23,14 @@ logger = logging.getLogger("modelforge.workers")
 
 LIVENESS_QUEUE = "liveness"
 LEASES_QUEUE = "leases"
+DEPLOYMENTS_QUEUE = "deployments"
 
 
 @dataclass(frozen=True)
 class Actors:
     liveness_sweep: dramatiq.Actor[Any, Any]
     lease_expiry: dramatiq.Actor[Any, Any]
+    deployment_reconcile: dramatiq.Actor[Any, Any]
 
 
 def _period(name: str, bucket: object) -> int:
@@ -45,6 +49,7 @@ def declare_actors(
     thresholds: LivenessThresholds,
     breaker: PartitionBreaker,
     leases: LeasePolicy,
+    deployments: ReconcilePolicy,
 ) -> Actors:
     @dramatiq.actor(
         broker=broker,
@@ -73,4 +78,21 @@ def declare_actors(
         _period("lease_expiry", bucket)
         await expire(database.get().sessions, leases)
 
-    return Actors(liveness_sweep=liveness_sweep, lease_expiry=lease_expiry)
+    @dramatiq.actor(
+        broker=broker,
+        actor_name="deployment_reconcile",
+        queue_name=DEPLOYMENTS_QUEUE,
+        max_retries=0,
+        time_limit=60_000,
+    )
+    async def deployment_reconcile(bucket: int) -> None:
+        """Move every deployment one step towards what is desired. Idempotent: decided
+        from stored state (the runtime workers' reports, the jobs, node liveness)."""
+        _period("deployment_reconcile", bucket)
+        await reconcile(database.get().sessions, deployments)
+
+    return Actors(
+        liveness_sweep=liveness_sweep,
+        lease_expiry=lease_expiry,
+        deployment_reconcile=deployment_reconcile,
+    )

@@ -75,7 +75,14 @@ def run_worker_process(
         presence_gap_s=presence_gap(settings.presence_gap_s, settings.stale_after_s),
     )
     breaker = PartitionBreaker(settings.partition_share, settings.partition_min_nodes)
-    actors = declare_actors(broker, database, thresholds, breaker, settings.lease_policy())
+    actors = declare_actors(
+        broker,
+        database,
+        thresholds,
+        breaker,
+        settings.lease_policy(),
+        settings.reconcile_policy(),
+    )
     if settings.metrics_port:
         port = settings.metrics_port + index
         start_http_server(port, addr=settings.metrics_host, registry=registry)
@@ -101,6 +108,7 @@ def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
     return [
         Periodic(actors.liveness_sweep, settings.sweep_period_s),
         Periodic(actors.lease_expiry, settings.lease_sweep_period_s),
+        Periodic(actors.deployment_reconcile, settings.deployment_sweep_period_s),
     ]
 
 

@@ -52,3 +52,5 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     consumer_ack_wait_s: float = Field(default=30.0, gt=0)
     # Lease expiry (workers/leases.py) is scheduled this often.
     lease_sweep_period_s: float = Field(default=1.0, gt=0)
+    # The deployment reconciler (workers/deployments.py).
+    deployment_sweep_period_s: float = Field(default=2.0, gt=0)

@@ -19,14 +19,25 @@ from schemas.admin import (
 )
 from schemas.agent import NotAppliedReason
 from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult
+from schemas.deployments import (
+    DeploymentFailure,
+    DeploymentState,
+    DeploymentView,
+    DrainJobView,
+    LoadJobView,
+)
+from schemas.deployments import HealthJobView as DeploymentHealthJobView
+from schemas.deployments import UnloadJobView as DeploymentUnloadJobView
 from schemas.jobs import JobFailureView, JobKind, JobState, JobView, LeaseView
 from schemas.runtime import (
+    ArtifactRef,
     HealthJobView,
     ProbeJobView,
     RuntimeProgressView,
     UnloadJobView,
 )
-from store import artifacts, results, runtime
+from store import artifacts, deployments, results, runtime
+from store.deployment_tables import Deployment
 from store.models import Gpu, Job, Node, NodeStream
 
 V = TypeVar("V", bound=JobView)
@@ -190,4 +201,58 @@ def runtime_job_view(job: Job) -> RuntimeKindView:
         spec=runtime.spec_of(job),
         progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
         result=results.read(job, results.RESULTS[kind]),
+    )
+
+
+# Deployments --------------------------------------------------------------------------------
+
+DeploymentKindView = LoadJobView | DeploymentHealthJobView | DrainJobView | DeploymentUnloadJobView
+_DEPLOYMENT_VIEWS: Final[Mapping[JobKind, type[DeploymentKindView]]] = {
+    JobKind.DEPLOYMENT_LOAD: LoadJobView,
+    JobKind.DEPLOYMENT_HEALTH: DeploymentHealthJobView,
+    JobKind.DEPLOYMENT_DRAIN: DrainJobView,
+    JobKind.DEPLOYMENT_UNLOAD: DeploymentUnloadJobView,
+}
+
+
+def deployment_job_view(job: Job) -> DeploymentKindView:
+    kind = JobKind(job.kind)
+    view = _DEPLOYMENT_VIEWS.get(kind)
+    if view is None:
+        raise ValueError(f"{job.kind} is not a deployment job")
+    return job_view(
+        view,
+        job,
+        spec=deployments.spec_of(job),
+        progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
+        result=results.read(job, results.RESULTS[kind]),
+    )
+
+
+def deployment_view(deployment: Deployment) -> DeploymentView:
+    return DeploymentView(
+        id=deployment.id,
+        model=deployment.model,
+        roles=list(deployment.roles),
+        node_id=deployment.node_id,
+        device_id=deployment.device_id,
+        artifact=ArtifactRef.model_validate(deployment.artifact),
+        profile_id=deployment.profile_id,
+        profile_version=deployment.profile_version,
+        environment_id=deployment.environment_id,
+        state=DeploymentState(deployment.state),
+        max_concurrent=deployment.max_concurrent,
+        failure=(
+            DeploymentFailure(code=deployment.failure_code, detail=deployment.failure_detail or "")
+            if deployment.failure_code
+            else None
+        ),
+        queue_depth=deployment.queue_depth,
+        cooldown_until=deployment.cooldown_until,
+        cooldown_reason=deployment.cooldown_reason,
+        drain_deadline_s=deployment.drain_deadline_s,
+        job_id=deployment.job_id,
+        created_at=deployment.created_at,
+        updated_at=deployment.updated_at,
+        state_changed_at=deployment.state_changed_at,
     )

@@ -24,7 +24,7 @@ from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied, node_actor
 from schemas.runtime_local import RuntimeReport
-from store import changes, inventory, runtime
+from store import changes, deployments, inventory, runtime
 from store.models import NodeStream
 
 
@@ -172,4 +172,5 @@ async def ingest_runtime(
     advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
     if advanced.decision.applied:
         await runtime.record_environments(session, node.node_id, report, advanced.received_at)
+        await deployments.record_reported(session, node.node_id, payload)
     return _result(node, stream, report.sequence, advanced)
