@@ -7,6 +7,8 @@ Errors use OpenAI's shape, `{"error": {"message", "type", "code"}}`:
 * unknown model → 404 `model_not_found`; a body that is not a JSON object → 400;
   `max_tokens` above `max_tokens_ceiling` → 400 `max_tokens_too_large`;
 * the device's bound reached → 429 with Retry-After;
+* the device serves a deployment (pinned to its model, agent/runtime/devices.py) →
+  503 `device_pinned` with Retry-After;
 * a server that is not ready within its startup timeout, or that died → 503 with
   Retry-After (never an upstream "Loading model" passed through); the worker stopping
   → 503 `stopping`.
@@ -32,7 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agent.runtime.config import ModelSpec, RuntimeConfig
-from agent.runtime.devices import Busy
+from agent.runtime.devices import Busy, Pinned
 from agent.runtime.server import ServerFailed
 from agent.runtime.worker import RuntimeWorker
 from schemas.runtime_local import (
@@ -173,6 +175,8 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             server = await held.enter_async_context(slot.serving(model))
         except Busy as exc:
             return openai_error(429, str(exc), "device_busy", retry_after_s=RETRY_BUSY_S)
+        except Pinned as exc:
+            return openai_error(503, exc.detail, "device_pinned", retry_after_s=RETRY_NOT_READY_S)
         except ServerFailed as exc:
             logger.warning("%s on %s: %s (%s)", model.model_id, slot.device.id, exc.code, exc)
             return openai_error(503, exc.detail, exc.code, retry_after_s=RETRY_NOT_READY_S)

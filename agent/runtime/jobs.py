@@ -10,6 +10,8 @@ import logging
 import uuid
 from typing import Literal
 
+from typing_extensions import TypeVar
+
 from agent.client import ProtocolClient
 from agent.jobs.lease import Failed, LeasedJob, Reports
 from agent.runtime.worker import RuntimeWorker
@@ -36,6 +38,8 @@ RETRYABLE = frozenset(
 )
 
 Completion = ProbeComplete | HealthComplete | UnloadComplete
+# A kind's completion report (the deployment kinds complete with their own models).
+Done = TypeVar("Done", default=Completion)
 Phase = Literal["verifying", "loading", "probing", "draining", "unloading"]
 
 
@@ -65,8 +69,9 @@ class RuntimeFailed(Failed):
         self.health = health
 
 
-class RuntimeJob(LeasedJob[RuntimeJobProgress, Completion, RuntimeJobFail]):
-    """Any runtime kind under its lease: progress reports name the phase."""
+class RuntimeJob(LeasedJob[RuntimeJobProgress, Done, RuntimeJobFail]):
+    """Any runtime kind (and deployment kind: agent/runtime/deployments.py) under its
+    lease: progress reports name the phase."""
 
     cancelled_code = RuntimeFailure.CANCELLED
     internal_code = RuntimeFailure.INTERNAL
@@ -76,7 +81,7 @@ class RuntimeJob(LeasedJob[RuntimeJobProgress, Completion, RuntimeJobFail]):
         job_id: uuid.UUID,
         kind: JobKind,
         lease: Lease,
-        reports: Reports[RuntimeJobProgress, Completion, RuntimeJobFail],
+        reports: Reports[RuntimeJobProgress, Done, RuntimeJobFail],
         worker: RuntimeWorker,
     ) -> None:
         super().__init__(

@@ -6,6 +6,9 @@ health with measured evidence, or a normalised failure.
 The lease is kept alive by progress reports (the phase) while the work runs; their
 answer carries an operator's cancel, after which the probe stops and reports
 `cancelled`.
+
+What a lease that loads a model must pass first (its settings admitted, its files
+verified: `admitted_model`) is shared with deployment.load.v1 (agent/runtime/deployments.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import ValidationError
@@ -34,9 +37,10 @@ from schemas.runtime import (
     ProbeClaim,
     ProbeComplete,
     ProbeEvidence,
-    ProbeSpec,
+    ResolvedLora,
     RuntimeFailure,
     ServerHealth,
+    StoredSettings,
     VerifiedFile,
 )
 
@@ -53,7 +57,25 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
+class LeasedFiles(Protocol):
+    """What a lease that loads a model carries (a probe's, a deployment load's): the
+    profile's stored settings and the files, each with the digest it must have."""
+
+    @property
+    def artifact_path(self) -> str: ...
+    @property
+    def artifact_digest(self) -> str: ...
+    @property
+    def settings(self) -> StoredSettings: ...
+    @property
+    def draft_model(self) -> VerifiedFile | None: ...
+    @property
+    def loras(self) -> list[ResolvedLora]: ...
+    @property
+    def binary_sha256(self) -> str: ...
+
+
+def admitted_settings(spec: LeasedFiles) -> LlamaSettings:
     """The lease's profile under this node's allow-list (schemas/llama_flags.py), checked
     before anything is verified or started: whatever the control plane let through, a
     flag the table does not admit never reaches argv."""
@@ -67,6 +89,51 @@ def admitted_settings(spec: ProbeSpec) -> LlamaSettings:
         if any(mark in lora.path for mark in ',:"\n'):
             raise RuntimeFailed(RuntimeFailure.PROFILE_REFUSED, "a LoRA path llama.cpp cannot take")
     return settings
+
+
+def verify_files(spec: LeasedFiles, binary: Path, roots: list[Path]) -> None:
+    """The binary and the files are the ones the lease names, digest for digest, and
+    the files lie in the worker's artifact roots (blocking: run it in a thread)."""
+    if not binary.is_file():
+        raise RuntimeFailed(RuntimeFailure.BINARY_MISSING, f"{binary} does not exist")
+    if sha256_of(binary) != spec.binary_sha256:
+        raise RuntimeFailed(
+            RuntimeFailure.BINARY_DIGEST_MISMATCH, "the binary is not the environment's"
+        )
+    files = [VerifiedFile(path=spec.artifact_path, sha256=spec.artifact_digest)]
+    files += [spec.draft_model] if spec.draft_model else []
+    files += spec.loras
+    for file in files:
+        path = model_file(file.path, roots)
+        if sha256_of(path) != file.sha256:
+            raise RuntimeFailed(RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs")
+
+
+async def admitted_model(
+    spec: LeasedFiles, worker: RuntimeWorker, model_id: str, *, alias: str | None = None
+) -> ModelSpec:
+    """The lease's model, once its settings are admitted and its files verified: what a
+    device's server is started with (`alias`: the name it answers under)."""
+    settings = admitted_settings(spec)
+    config = worker.config
+    await asyncio.to_thread(verify_files, spec, config.llama_server_path, config.artifact_roots)
+    return ModelSpec(
+        model_id=model_id,
+        alias=alias,
+        path=Path(spec.artifact_path),
+        server_args=settings.server_args,
+        draft_model=Path(spec.draft_model.path) if spec.draft_model else None,
+        loras=[LoraFile(path=Path(lora.path), scale=lora.scale) for lora in spec.loras],
+        **settings.model_dump(include=set(LlamaTuning.model_fields)),
+    )
+
+
+def server_failure(exc: ServerFailed) -> RuntimeFailed:
+    """A server that could not be made ready, as a runtime job's failure: its own code
+    when it is a runtime failure's, else internal (the worker stopping: another attempt
+    may well run elsewhere, or after the restart)."""
+    known = exc.code in {failure.value for failure in RuntimeFailure}
+    return RuntimeFailed(RuntimeFailure(exc.code) if known else RuntimeFailure.INTERNAL, exc.detail)
 
 
 def model_file(named: str, roots: list[Path]) -> Path:
@@ -124,18 +191,12 @@ class ProbeRun(RuntimeJob):
         return await self._probe()
 
     async def _probe(self) -> ProbeComplete:
-        settings = admitted_settings(self.spec)
-        artifact = Path(self.spec.artifact_path)
-        await asyncio.to_thread(self._verify, self.worker.config.llama_server_path, artifact)
-        self.check()
-        model = ModelSpec(
-            model_id=f"probe-{self.spec.artifact_digest[:12]}-{self.spec.profile_id.hex[:8]}",
-            path=artifact,
-            server_args=settings.server_args,
-            draft_model=self.spec.draft_model.path if self.spec.draft_model else None,
-            loras=[LoraFile(path=lora.path, scale=lora.scale) for lora in self.spec.loras],
-            **settings.model_dump(include=set(LlamaTuning.model_fields)),
+        model = await admitted_model(
+            self.spec,
+            self.worker,
+            f"probe-{self.spec.artifact_digest[:12]}-{self.spec.profile_id.hex[:8]}",
         )
+        self.check()
         slot = (
             self.worker.slot(self.spec.device_id)
             if self.spec.device_id
@@ -162,32 +223,10 @@ class ProbeRun(RuntimeJob):
                     settle_s=slot.last_settle_s if slot.last_settle_s != settle_before else None,
                 )
         except ServerFailed as exc:
-            # The server's own codes are runtime failures, but for the worker stopping
-            # (another attempt may well run elsewhere, or after the restart).
-            known = exc.code in {failure.value for failure in RuntimeFailure}
-            code = RuntimeFailure(exc.code) if known else RuntimeFailure.INTERNAL
-            raise RuntimeFailed(code, exc.detail) from None
+            raise server_failure(exc) from None
         return ProbeComplete(
             lease=self.fence, device_id=slot.device.id, health=health, evidence=evidence
         )
-
-    def _verify(self, binary: Path, artifact: Path) -> None:
-        """The files are the ones the lease names (blocking: run in a thread)."""
-        if not binary.is_file():
-            raise RuntimeFailed(RuntimeFailure.BINARY_MISSING, f"{binary} does not exist")
-        if sha256_of(binary) != self.spec.binary_sha256:
-            raise RuntimeFailed(
-                RuntimeFailure.BINARY_DIGEST_MISMATCH, "the binary is not the environment's"
-            )
-        files = [VerifiedFile(path=str(artifact), sha256=self.spec.artifact_digest)]
-        files += [self.spec.draft_model] if self.spec.draft_model else []
-        files += self.spec.loras
-        for file in files:
-            path = model_file(file.path, self.worker.config.artifact_roots)
-            if sha256_of(path) != file.sha256:
-                raise RuntimeFailed(
-                    RuntimeFailure.ARTIFACT_DIGEST_MISMATCH, f"{path}: digest differs"
-                )
 
     async def _infer(self, server: LlamaServer) -> tuple[ServerHealth, dict[str, float]]:
         layers = await server.health()
