@@ -1,0 +1,111 @@
+"""Service-client authentication for the gateway, and the issuing of their secrets.
+
+A gateway call carries `Authorization: Bearer mfs.<client id>.<secret>`. Anything else
+is refused before the database is read: no header (credential_missing), or a value that
+is not a service client's, such as a node credential (`mfn…`) or the operator key
+(credential_malformed). The rest is one short transaction that only reads: the client by
+primary key, the digest compared in constant time (store/service_clients.py), a revoked
+client refused (credential_revoked).
+
+The database is read on every call, with no cache: a revocation (or a rotation) is seen
+by every API process as soon as it commits, well inside the one second issue 16 asks for.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api import security
+from api.deps import State
+from api.errors import Unauthenticated
+from schemas.errors import ErrorCode
+from schemas.protocol import SERVICE_CLIENT_PREFIX
+from store import service_clients
+from store.deployment_tables import ServiceClient
+
+
+@dataclass(frozen=True)
+class ClientScope:
+    """Who is calling, and what it may call: the served models and roles it names, and
+    its bounds (api/gateway/limits.py). None: no bound."""
+
+    client_id: uuid.UUID
+    name: str
+    models: frozenset[str]
+    roles: frozenset[str]
+    max_concurrent: int | None
+    rate_per_minute: int | None
+
+    def allows(self, model: str) -> bool:
+        """A model or role name this client is scoped to."""
+        return model in self.models or model in self.roles
+
+
+def scope_of(client: ServiceClient) -> ClientScope:
+    return ClientScope(
+        client_id=client.id,
+        name=client.name,
+        models=frozenset(client.models),
+        roles=frozenset(client.roles),
+        max_concurrent=client.max_concurrent,
+        rate_per_minute=client.rate_per_minute,
+    )
+
+
+def issue_secret(client_id: uuid.UUID | None = None) -> security.IssuedSecret:
+    """A new service client secret; for a rotation, under the client's own id (the id
+    in the wire format is the client's primary key)."""
+    issued = security.issue(SERVICE_CLIENT_PREFIX)
+    if client_id is None:
+        return issued
+    secret = issued.wire.rsplit(".", 1)[1]
+    return security.IssuedSecret(
+        id=client_id,
+        wire=f"{SERVICE_CLIENT_PREFIX}.{client_id.hex}.{secret}",
+        digest=issued.digest,
+    )
+
+
+def presented_secret(authorization: str | None) -> security.PresentedSecret:
+    if not authorization:
+        raise Unauthenticated(
+            "a service client credential is required", code=ErrorCode.CREDENTIAL_MISSING
+        )
+    scheme, _, value = authorization.partition(" ")
+    presented = (
+        security.parse(SERVICE_CLIENT_PREFIX, value.strip()) if scheme.lower() == "bearer" else None
+    )
+    if presented is None:
+        raise Unauthenticated(
+            "not a service client credential", code=ErrorCode.CREDENTIAL_MALFORMED
+        )
+    return presented
+
+
+async def authenticate_client(
+    sessions: async_sessionmaker[AsyncSession], authorization: str | None
+) -> ClientScope:
+    """The caller's scope, from one short transaction of its own that only reads."""
+    presented = presented_secret(authorization)
+    async with sessions() as session, session.begin():
+        try:
+            client = await service_clients.authenticate(
+                session, presented.id, security.digest(presented.secret)
+            )
+        except service_clients.NotAdmitted as refused:
+            raise Unauthenticated(refused.message, code=refused.code) from None
+        return scope_of(client)
+
+
+async def _client_scope(
+    state: State, authorization: Annotated[str | None, Header()] = None
+) -> ClientScope:
+    return await authenticate_client(state.sessions, authorization)
+
+
+ServiceClientAuth = Annotated[ClientScope, Depends(_client_scope)]

@@ -1,0 +1,136 @@
+"""Service clients, the gateway's callers: create, list, get, rotate, revoke, and the
+check the gateway makes on every call (api/gateway/auth.py).
+
+Only a digest is kept. The secret is issued in the API layer (api/security.py, through
+api/gateway/auth.py: issue_secret) and only its digest comes here, so nothing in store/
+ever holds a secret. The id in the wire format is the client's primary key; a rotation
+keeps the id and replaces the digest in the same transaction, so the old secret stops
+working the moment the rotation commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.errors import ErrorCode
+from schemas.events import EventType, ServiceClientEvent
+from schemas.service_clients import ServiceClientCreate, ServiceClientState
+from store import changes, nodes
+from store.deployment_tables import ServiceClient
+from store.errors import Missing, Refused
+
+# Compared against when no row exists, so an unknown id costs what a wrong secret does.
+_DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy-service-client").digest()
+
+
+class NotAdmitted(Exception):
+    """The presented credential is not a live service client's: unknown id, wrong
+    secret (credential_invalid) or revoked (credential_revoked). Not a StoreError: the
+    gateway's authentication turns it into a 401 itself."""
+
+    def __init__(self, message: str, *, code: ErrorCode) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def state_of(client: ServiceClient) -> ServiceClientState:
+    return ServiceClientState.REVOKED if client.revoked_at else ServiceClientState.ACTIVE
+
+
+def _event(client: ServiceClient) -> ServiceClientEvent:
+    return ServiceClientEvent(client_id=client.id, name=client.name)
+
+
+async def create(
+    session: AsyncSession,
+    body: ServiceClientCreate,
+    *,
+    client_id: uuid.UUID,
+    digest: bytes,
+    actor: str,
+) -> ServiceClient:
+    client = ServiceClient(
+        id=client_id,
+        name=body.name,
+        digest=digest,
+        models=list(body.models),
+        roles=list(body.roles),
+        max_concurrent=body.max_concurrent,
+        rate_per_minute=body.rate_per_minute,
+        created_at=await nodes.now(session),
+        rotated_at=None,
+        revoked_at=None,
+    )
+    session.add(client)
+    changes.record(session, EventType.SERVICE_CLIENT_CREATED, _event(client), actor=actor)
+    return client
+
+
+async def clients(
+    session: AsyncSession, state: ServiceClientState | None = None, limit: int = 100
+) -> list[ServiceClient]:
+    """Newest first."""
+    query = (
+        select(ServiceClient)
+        .order_by(ServiceClient.created_at.desc(), ServiceClient.id)
+        .limit(limit)
+    )
+    if state is ServiceClientState.ACTIVE:
+        query = query.where(ServiceClient.revoked_at.is_(None))
+    elif state is ServiceClientState.REVOKED:
+        query = query.where(ServiceClient.revoked_at.is_not(None))
+    return list((await session.execute(query)).scalars().all())
+
+
+async def get(
+    session: AsyncSession, client_id: uuid.UUID, *, for_update: bool = False
+) -> ServiceClient:
+    client = await session.get(ServiceClient, client_id, with_for_update=for_update)
+    if client is None:
+        raise Missing(f"no service client {client_id}", code=ErrorCode.NOT_FOUND)
+    return client
+
+
+async def rotate(
+    session: AsyncSession, client_id: uuid.UUID, *, digest: bytes, actor: str
+) -> ServiceClient:
+    """A new secret (its digest); the old one stops working when this commits."""
+    client = await get(session, client_id, for_update=True)
+    if client.revoked_at is not None:
+        raise Refused("the service client was revoked", code=ErrorCode.STATE_CONFLICT)
+    client.digest = digest
+    client.rotated_at = await nodes.now(session)
+    changes.record(session, EventType.SERVICE_CLIENT_ROTATED, _event(client), actor=actor)
+    return client
+
+
+async def revoke(session: AsyncSession, client_id: uuid.UUID, *, actor: str) -> ServiceClient:
+    """Revoked for good; revoking again is refused (409), the first revocation stands."""
+    client = await get(session, client_id, for_update=True)
+    if client.revoked_at is not None:
+        raise Refused("the service client was already revoked", code=ErrorCode.STATE_CONFLICT)
+    client.revoked_at = await nodes.now(session)
+    changes.record(session, EventType.SERVICE_CLIENT_REVOKED, _event(client), actor=actor)
+    return client
+
+
+async def authenticate(
+    session: AsyncSession, client_id: uuid.UUID, presented_digest: bytes
+) -> ServiceClient:
+    """The live client whose id and secret (its digest) were presented. Found by primary
+    key, then compared in constant time (against a dummy when there is no row), so
+    neither the index nor the comparison tells a wrong secret from an unknown id. A
+    revoked client is told apart only to a caller who holds its real secret."""
+    client = await session.get(ServiceClient, client_id)
+    stored = client.digest if client is not None else _DUMMY_DIGEST
+    if not hmac.compare_digest(presented_digest, stored) or client is None:
+        raise NotAdmitted("unknown service client credential", code=ErrorCode.CREDENTIAL_INVALID)
+    if client.revoked_at is not None:
+        raise NotAdmitted("this service client was revoked", code=ErrorCode.CREDENTIAL_REVOKED)
+    return client
