@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
+from api.gateway.limits import ClientLimits
+from api.gateway.relay import invoke_relay
 from api.gateway.routes import router as gateway_router
 from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
@@ -26,6 +28,7 @@ from api.notifications import notification_hub
 from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
+from schemas.protocol import INVOKE_STREAM
 from store.engine import make_engine, make_sessionmaker
 
 logger = logging.getLogger("modelforge.api")
@@ -55,6 +58,9 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
             async with (
                 node_cache(settings.database_url) as cache,
                 notification_hub(settings.nats_url) as notifications,
+                invoke_relay(
+                    settings.nats_url, delivery_timeout_s=settings.gateway_delivery_timeout_s
+                ) as invokes,
                 heartbeat_buffer(
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
@@ -76,6 +82,8 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     manifests=manifests,
                     notifications=notifications,
                     held_streams=held,
+                    invokes=invokes,
+                    client_limits=ClientLimits(),
                 )
                 yield
         finally:
@@ -92,7 +100,11 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     )
     install_exception_handlers(app)
     # Added last = outermost: the correlation id exists before anything logs or answers.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        streamed_prefixes=(INVOKE_STREAM.split("{", 1)[0],),
+    )
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.add_middleware(CorrelationIdMiddleware)
     app.include_router(health_router)

@@ -17,12 +17,19 @@ class ApiError(Exception):
     default_code = ErrorCode.INTERNAL_ERROR
 
     def __init__(
-        self, message: str, *, code: ErrorCode | None = None, extra: dict[str, Any] | None = None
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
         self.extra = extra or {}
+        # Headers the answer carries (Retry-After).
+        self.headers = headers or {}
 
 
 class Unauthenticated(ApiError):
@@ -59,7 +66,15 @@ class BadGateway(ApiError):
 
 
 class ServiceUnavailable(ApiError):
-    """503: a dependency (NATS for dead letters) cannot be reached right now."""
+    """503: a dependency (NATS for dead letters) cannot be reached right now, or (the
+    gateway) no deployment is ready; Retry-After says when to try again."""
 
     status_code = 503
     default_code = ErrorCode.BROKER_UNAVAILABLE
+
+
+class TooManyRequests(ApiError):
+    """429: past a client's or a deployment's bound; Retry-After says when to come back."""
+
+    status_code = 429
+    default_code = ErrorCode.RATE_LIMITED

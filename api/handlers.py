@@ -16,6 +16,8 @@ from starlette.types import ExceptionHandler
 from api.errors import ApiError
 from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
+from schemas.gateway import GatewayErrorBody, GatewayErrorDetail
+from schemas.protocol import GATEWAY_PREFIX
 from store.correlation import current_correlation_id
 from store.engine import database_down
 from store.errors import Invalid, Missing, NotOwned, Refused, StoreError
@@ -29,7 +31,21 @@ _HTTP_CODES = {
 }
 
 
-def _respond(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
+def _respond(
+    request: Request, status: int, body: ErrorBody, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    if request.url.path.startswith(GATEWAY_PREFIX + "/"):
+        # The gateway's clients are OpenAI clients: its envelope, with our code and
+        # correlation id inside it.
+        shaped = GatewayErrorBody(
+            error=GatewayErrorDetail(
+                message=body.message,
+                type="server_error" if status >= 500 else "invalid_request_error",
+                code=body.code.value,
+                correlation_id=body.correlation_id,
+            )
+        )
+        return JSONResponse(status_code=status, content=shaped.model_dump(), headers=headers)
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
@@ -39,19 +55,21 @@ def _refusal(
     code: ErrorCode,
     message: str,
     extra: dict[str, object],
+    extra_headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     if status in (401, 403):
         state_of(request).metrics.auth_failures.labels(code.value).inc()
     body = ErrorBody(
         code=code, message=message, correlation_id=current_correlation_id() or "", extra=extra
     )
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return _respond(status, body, headers)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    headers.update(extra_headers or {})
+    return _respond(request, status, body, headers or None)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return _refusal(request, exc.status_code, exc.code, exc.message, exc.extra)
+    return _refusal(request, exc.status_code, exc.code, exc.message, exc.extra, exc.headers)
 
 
 # The store's refusals (store/errors.py), by class.
@@ -69,20 +87,20 @@ async def _store_error(request: Request, exc: Exception) -> JSONResponse:
     return _refusal(request, status, exc.code, exc.message, exc.extra)
 
 
-def _unparseable() -> JSONResponse:
+def _unparseable(request: Request) -> JSONResponse:
     body = ErrorBody(
         code=ErrorCode.BODY_UNPARSEABLE,
         message="the request body is not valid JSON",
         correlation_id=current_correlation_id() or "",
     )
-    return _respond(422, body)
+    return _respond(request, 422, body)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     if any(error["type"] == "json_invalid" for error in errors):
-        return _unparseable()
+        return _unparseable(request)
     # Location, message and type only: the offending input may be a secret.
     details = [
         FieldError(location=list(error.get("loc", ())), message=error["msg"], type=error["type"])
@@ -103,7 +121,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         details=details,
         extra=extra,
     )
-    return _respond(422, body)
+    return _respond(request, 422, body)
 
 
 _TYPED_VALIDATION = frozenset({ErrorCode.SERVER_FLAG_REFUSED.value})
@@ -142,24 +160,26 @@ def _http_error_handler(allowed: AllowedMethods) -> ExceptionHandler:
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:
             headers["Allow"] = allowed(request.url.path)
-        return _http_error(exc, headers)
+        return _http_error(request, exc, headers)
 
     return handle
 
 
-def _http_error(exc: StarletteHTTPException, headers: dict[str, str]) -> JSONResponse:
+def _http_error(
+    request: Request, exc: StarletteHTTPException, headers: dict[str, str]
+) -> JSONResponse:
     if exc.status_code == 400:
         # FastAPI's body reader raises a bare 400 for what json.loads cannot take apart
         # (invalid UTF-8, deep nesting, 5,000-digit numbers): the client's mistake, 422.
-        return _unparseable()
+        return _unparseable(request)
     code = _HTTP_CODES.get(exc.status_code, ErrorCode.INTERNAL_ERROR)
     body = ErrorBody(
         code=code, message=str(exc.detail), correlation_id=current_correlation_id() or ""
     )
-    return _respond(exc.status_code, body, headers or None)
+    return _respond(request, exc.status_code, body, headers or None)
 
 
-async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if not database_down(exc):
         raise exc  # a bug: the outermost middleware answers 500 and logs it
     logger.warning("database unavailable: %s", type(exc).__name__)
@@ -170,7 +190,7 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     )
     # The pool drops every broken connection at the first failure, so a retry after a
     # database restart gets a fresh one.
-    return _respond(503, body, {"Retry-After": "1"})
+    return _respond(request, 503, body, {"Retry-After": "1"})
 
 
 def install_exception_handlers(app: FastAPI) -> None:

@@ -68,6 +68,25 @@ class ApiMetrics:
             ["code"],
             registry=self.registry,
         )
+        # Invokes are metered here, not audited one by one.
+        self.invokes = Counter(
+            "modelforge_gateway_invokes",
+            "Gateway requests by outcome (ok, the error code) and whether streamed",
+            ["outcome", "stream"],
+            registry=self.registry,
+        )
+        self.invoke_attempts = Counter(
+            "modelforge_gateway_attempts",
+            "Deliveries to deployments, by result (answered, unreachable, refused, timeout)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.gateway_overhead = Histogram(
+            "modelforge_gateway_overhead_seconds",
+            "Gateway time from a request's arrival to its invoke's delivery to the node",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
 
 
 @contextlib.contextmanager

@@ -43,8 +43,9 @@ def digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
-def issue(prefix: str) -> IssuedSecret:
-    secret_id = uuid.uuid4()
+def issue(prefix: str, secret_id: uuid.UUID | None = None) -> IssuedSecret:
+    """A new secret; under `secret_id` when it replaces one (a rotation keeps the id)."""
+    secret_id = secret_id or uuid.uuid4()
     secret = secrets.token_urlsafe(_SECRET_BYTES)
     return IssuedSecret(
         id=secret_id, wire=f"{prefix}.{secret_id.hex}.{secret}", digest=digest(secret)

@@ -8,6 +8,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
 from api.broker_link import BrokerLink
+from api.gateway.limits import ClientLimits
+from api.gateway.relay import InvokeRelay
 from api.heartbeat_buffer import HeartbeatBuffer
 from api.held_streams import HeldStreams
 from api.manifests import ManifestResolver
@@ -32,6 +34,8 @@ class ApiState:
     manifests: ManifestResolver
     notifications: NotificationHub
     held_streams: HeldStreams
+    invokes: InvokeRelay
+    client_limits: ClientLimits
 
     @property
     def leases(self) -> LeasePolicy:

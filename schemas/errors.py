@@ -50,8 +50,12 @@ class ErrorCode(StrEnum):
     # Another node's job: never claimed, seen or reported on through this credential.
     JOB_NOT_OWNED = "job_not_owned"
     ADMIN_API_DISABLED = "admin_api_disabled"
+    # A service client asked for a model or role outside its scope.
+    MODEL_NOT_ALLOWED = "model_not_allowed"
     # 404
     NOT_FOUND = "not_found"
+    # The gateway: no deployment (in any state but ended) serves that model or role.
+    MODEL_NOT_FOUND = "model_not_found"
     # 405
     METHOD_NOT_ALLOWED = "method_not_allowed"
     # 409
@@ -68,7 +72,17 @@ class ErrorCode(StrEnum):
     JOB_FINISHED = "job_finished"
     # A job for a disabled or decommissioned node.
     NODE_NOT_SCHEDULABLE = "node_not_schedulable"
-    # 500 / 502 / 503
+    # 429: past a service client's rate or concurrency bound, or every deployment busy.
+    RATE_LIMITED = "rate_limited"
+    CONCURRENCY_LIMITED = "concurrency_limited"
+    DEPLOYMENT_BUSY = "deployment_busy"
+    # 500 / 502 / 503 / 504
+    # The gateway: deployments serve it, but none is ready (or reachable) right now.
+    NO_READY_DEPLOYMENT = "no_ready_deployment"
+    # The node holding the invoke went away, or it passed a timeout (first token, gap).
+    NODE_LOST = "node_lost"
+    FIRST_TOKEN_TIMEOUT = "first_token_timeout"
+    TOKEN_GAP_TIMEOUT = "token_gap_timeout"
     INTERNAL_ERROR = "internal_error"
     BROKER_UNAVAILABLE = "broker_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"

@@ -43,7 +43,15 @@ def call_admin(
     client: httpx.Client, method: str, path: str, headers: dict[str, str]
 ) -> httpx.Response:
     concrete = path
-    for name in ("node_id", "token_id", "incident_id", "job_id", "profile_id"):
+    for name in (
+        "node_id",
+        "token_id",
+        "incident_id",
+        "job_id",
+        "profile_id",
+        "client_id",
+        "deployment_id",
+    ):
         concrete = concrete.replace("{" + name + "}", str(uuid.uuid4()))
     concrete = concrete.replace("{seq}", "1")
     assert "{" not in concrete, path

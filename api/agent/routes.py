@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.agent import artifact_jobs, deployments, notifications, runtime
+from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
 from api.agent.enrollment import enroll
 from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
@@ -72,3 +72,4 @@ router.include_router(artifact_jobs.router)
 router.include_router(runtime.router)
 router.include_router(notifications.router)
 router.include_router(deployments.router)
+router.include_router(runtime_channel.router)

@@ -60,15 +60,7 @@ def scope_of(client: ServiceClient) -> ClientScope:
 def issue_secret(client_id: uuid.UUID | None = None) -> security.IssuedSecret:
     """A new service client secret; for a rotation, under the client's own id (the id
     in the wire format is the client's primary key)."""
-    issued = security.issue(SERVICE_CLIENT_PREFIX)
-    if client_id is None:
-        return issued
-    secret = issued.wire.rsplit(".", 1)[1]
-    return security.IssuedSecret(
-        id=client_id,
-        wire=f"{SERVICE_CLIENT_PREFIX}.{client_id.hex}.{secret}",
-        digest=issued.digest,
-    )
+    return security.issue(SERVICE_CLIENT_PREFIX, client_id)
 
 
 def presented_secret(authorization: str | None) -> security.PresentedSecret:

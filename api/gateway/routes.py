@@ -1,7 +1,434 @@
-"""`GET /v1/models` and `POST /v1/chat/completions`."""
+"""`GET /v1/models` and `POST /v1/chat/completions` for service clients.
+
+A chat completion becomes a deployment.invoke.v1: typed, bounded parameters only
+(schemas/gateway.py), for a ready deployment the client's scope allows, chosen by
+api/gateway/routing.py, delivered with its lease on the node's runtime channel and
+answered over the node's answer stream (api/gateway/relay.py). Per request:
+
+* **Before the first byte** reaches the client, a deployment that cannot take the
+  invoke (no channel, busy, draining, not loaded), or that passes the time-to-first-
+  token bound, is left for the next one (up to `gateway_attempts`); one that failed or
+  timed out cools down for `gateway_cooldown_s` (written off the hot path, shown in
+  the admin API). After the first byte, a failure ends the stream with a terminal SSE
+  error event (a plain answer has no first byte until it is whole).
+* The time to first token and the gap between tokens are separate bounds.
+* 404 only for a model or role no deployment serves; 503 with Retry-After when none is
+  ready; 429 with Retry-After past the client's bounds or when every deployment is busy.
+* A client that disconnects cancels its invoke at once (the node closes llama-server's
+  connection, which frees the device).
+* Every answer carries route receipts: deployment, node, device, why it was chosen,
+  and the gateway's own overhead (arrival to delivery) in ms.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-router = APIRouter(tags=["gateway"])
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response, StreamingResponse
+
+from api.deps import State
+from api.errors import Forbidden, NotFound, ServiceUnavailable, TooManyRequests
+from api.gateway.auth import ClientScope, ServiceClientAuth
+from api.gateway.limits import LimitExceeded
+from api.gateway.relay import Ended, Opened, Pending
+from api.gateway.routing import Choice, order
+from api.state import ApiState
+from schemas.errors import ErrorCode
+from schemas.gateway import (
+    RETRYABLE_REFUSALS,
+    ChatCompletionRequest,
+    GatewayErrorBody,
+    Invoke,
+    InvokeParams,
+    ModelEntry,
+    ModelListing,
+)
+from schemas.jobs import LeaseFence
+from schemas.protocol import (
+    GATEWAY_CHAT_COMPLETIONS,
+    GATEWAY_MODELS,
+    ROUTE_DEPLOYMENT_HEADER,
+    ROUTE_DEVICE_HEADER,
+    ROUTE_NODE_HEADER,
+    ROUTE_OVERHEAD_HEADER,
+    ROUTE_REASON_HEADER,
+)
+from store import deployments
+from store.errors import Invalid
+
+logger = logging.getLogger("modelforge.api.gateway")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": GatewayErrorBody} for status in (401, 403, 404, 422, 429, 503)
+}
+router = APIRouter(tags=["gateway"], responses=_ERRORS)
+RETRY_NOT_READY_S = 5
+_rng = random.SystemRandom()
+
+
+async def _arrived() -> float:
+    return time.perf_counter()
+
+
+# Declared before authentication, so the overhead counts it too.
+Arrived = Annotated[float, Depends(_arrived)]
+
+
+@router.get(GATEWAY_MODELS)
+async def list_models(arrived: Arrived, scope: ServiceClientAuth, state: State) -> ModelListing:
+    """The served models and roles this client may call that some deployment serves."""
+    async with state.sessions() as session, session.begin():
+        served = await deployments.served(session)
+    models: dict[str, set[str]] = {}
+    roles: set[str] = set()
+    for model, model_roles in served:
+        if model in scope.models:
+            models.setdefault(model, set()).update(model_roles)
+        roles.update(role for role in model_roles if role in scope.roles)
+    data = [ModelEntry(id=m, roles=sorted(r)) for m, r in sorted(models.items())]
+    data += [ModelEntry(id=role, kind="role") for role in sorted(roles - models.keys())]
+    return ModelListing(data=data)
+
+
+def _params(body: ChatCompletionRequest, state: ApiState) -> InvokeParams:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return InvokeParams(
+        messages=body.messages,
+        max_tokens=body.max_tokens
+        or body.max_completion_tokens
+        or state.settings.gateway_default_max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        stop=stop,
+        stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+
+
+@router.post(GATEWAY_CHAT_COMPLETIONS, response_model=None)
+async def chat_completions(
+    arrived: Arrived,
+    scope: ServiceClientAuth,
+    body: ChatCompletionRequest,
+    request: Request,
+    state: State,
+) -> Response:
+    """OpenAI's chat completion, plain or streamed (`stream: true`, server-sent events)."""
+    if not scope.allows(body.model):
+        raise Forbidden(
+            f"this client may not call {body.model!r}", code=ErrorCode.MODEL_NOT_ALLOWED
+        )
+    try:
+        admission = state.client_limits.admit(scope)
+    except LimitExceeded as exc:
+        state.metrics.invokes.labels(exc.code, str(body.stream).lower()).inc()
+        raise TooManyRequests(
+            f"past this client's bound ({exc.code})",
+            code=ErrorCode(exc.code),
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from None
+    call = _Call(state, scope, body, arrived)
+    try:
+        response = await call.answer(request)
+    except BaseException:
+        admission.release()
+        raise
+    if isinstance(response, StreamingResponse):
+        # Released when the stream ends (the call's generator owns it from now on).
+        call.on_close = admission.release
+    else:
+        admission.release()
+    return response
+
+
+class _Call:
+    def __init__(
+        self, state: ApiState, scope: ClientScope, body: ChatCompletionRequest, arrived: float
+    ) -> None:
+        self.state = state
+        self.scope = scope
+        self.body = body
+        self.arrived = arrived
+        self.relay = state.invokes
+        self.settings = state.settings
+        self.stream = body.stream
+        self.on_close: object = None
+        self.invoke_id = uuid.uuid4()
+
+    def _outcome(self, outcome: str) -> None:
+        self.state.metrics.invokes.labels(outcome, str(self.stream).lower()).inc()
+
+    async def _routes(self) -> list[Choice]:
+        async with self.state.sessions() as session, session.begin():
+            found = await deployments.routes(session, self.body.model)
+            if not found and not await deployments.anyone_serves(session, self.body.model):
+                self._outcome(ErrorCode.MODEL_NOT_FOUND.value)
+                raise NotFound(
+                    f"no deployment serves {self.body.model!r}", code=ErrorCode.MODEL_NOT_FOUND
+                )
+        choices = order(found, self.relay.in_flight, _rng)
+        if not choices:
+            self._outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
+            raise ServiceUnavailable(
+                f"no deployment of {self.body.model!r} is ready now",
+                code=ErrorCode.NO_READY_DEPLOYMENT,
+                headers={"Retry-After": str(RETRY_NOT_READY_S)},
+            )
+        return choices[: self.settings.gateway_attempts]
+
+    def _cool_down(self, choice: Choice, reason: str) -> None:
+        """Off the hot path: the row is written by a task of its own."""
+        seconds = self.settings.gateway_cooldown_s
+        if seconds <= 0:
+            return
+
+        async def write() -> None:
+            try:
+                async with self.state.sessions() as session, session.begin():
+                    await deployments.cool_down(
+                        session, choice.route.deployment_id, seconds, reason
+                    )
+            except Exception:  # a lost cooldown costs one more try, never the request
+                logger.warning("could not record a cooldown", exc_info=True)
+
+        self.relay.spawn(write())
+
+    async def answer(self, request: Request) -> Response:
+        choices = await self._routes()
+        params = _params(self.body, self.state)
+        route = choices[0].route
+        pending = self.relay.expect(self.invoke_id, route.node_id, route.deployment_id)
+        busy = 0
+        try:
+            for choice in choices:
+                outcome = await self._attempt(pending, choice, params, request)
+                if isinstance(outcome, Response):
+                    return outcome
+                busy += outcome == "busy"
+        except BaseException:
+            self.relay.forget(pending)
+            raise
+        self.relay.forget(pending)
+        if busy == len(choices):
+            self._outcome(ErrorCode.DEPLOYMENT_BUSY.value)
+            raise TooManyRequests(
+                f"every deployment of {self.body.model!r} is busy",
+                code=ErrorCode.DEPLOYMENT_BUSY,
+                headers={"Retry-After": "1"},
+            )
+        self._outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
+        raise ServiceUnavailable(
+            f"no deployment of {self.body.model!r} could take the request",
+            code=ErrorCode.NO_READY_DEPLOYMENT,
+            headers={"Retry-After": str(RETRY_NOT_READY_S)},
+        )
+
+    async def _attempt(
+        self, pending: Pending, choice: Choice, params: InvokeParams, request: Request
+    ) -> Response | str:
+        """One deployment: its answer, or why to try the next one."""
+        route = choice.route
+        lease_id, epoch = pending.arm(route.node_id, route.deployment_id)
+        invoke = Invoke(
+            invoke_id=self.invoke_id,
+            deployment_id=route.deployment_id,
+            gateway=self.relay.id,
+            lease=LeaseFence(lease_id=lease_id, epoch=epoch),
+            params=params,
+        )
+        metrics = self.state.metrics
+        self.relay.in_flight[route.deployment_id] += 1
+        handed_over = False
+        try:
+            if not await self.relay.deliver(route.node_id, invoke):
+                metrics.invoke_attempts.labels("unreachable").inc()
+                self._cool_down(choice, "unreachable: no runtime channel took the invoke")
+                return "unreachable"
+            overhead_s = time.perf_counter() - self.arrived
+            metrics.gateway_overhead.observe(overhead_s)
+            first = await self._frame(pending, self.settings.gateway_first_token_timeout_s)
+            if not isinstance(first, Opened):
+                metrics.invoke_attempts.labels("timeout").inc()
+                await self.relay.cancel(route.node_id, self.invoke_id)
+                self._cool_down(choice, "first_token_timeout")
+                return "timeout"
+            if first.status != 200:
+                refused = await self._refusal(pending)
+                metrics.invoke_attempts.labels("refused").inc()
+                if refused in RETRYABLE_REFUSALS:
+                    if refused != "deployment_busy":
+                        self._cool_down(choice, refused)
+                    return "busy" if refused == "deployment_busy" else "refused"
+                return await self._passthrough(first, pending, choice, overhead_s)
+            headers = self._receipts(choice, overhead_s)
+            if self.stream:
+                response = await self._streamed(pending, choice, first, headers, request)
+            else:
+                response = await self._plain(pending, choice, first, headers, request)
+            if isinstance(response, Response):
+                handed_over = isinstance(response, StreamingResponse)
+                metrics.invoke_attempts.labels("answered").inc()
+            return response
+        finally:
+            if not handed_over:
+                self.relay.in_flight[route.deployment_id] -= 1
+
+    async def _frame(self, pending: Pending, timeout_s: float) -> object | None:
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(pending.frames.get(), timeout_s)
+        return None
+
+    async def _refusal(self, pending: Pending) -> str:
+        """The code of the node's refusal body (InvokeRefusal), read whole."""
+        raw = b""
+        while True:
+            frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
+            if isinstance(frame, bytes):
+                raw += frame
+                continue
+            break
+        try:
+            return str(json.loads(raw).get("code", ""))
+        except (ValueError, AttributeError):
+            return ""
+
+    def _receipts(self, choice: Choice, overhead_s: float) -> dict[str, str]:
+        route = choice.route
+        return {
+            ROUTE_DEPLOYMENT_HEADER: str(route.deployment_id),
+            ROUTE_NODE_HEADER: str(route.node_id),
+            ROUTE_DEVICE_HEADER: route.device_id,
+            ROUTE_REASON_HEADER: choice.reason,
+            ROUTE_OVERHEAD_HEADER: f"{overhead_s * 1000:.2f}",
+        }
+
+    async def _passthrough(
+        self, opened: Opened, pending: Pending, choice: Choice, overhead_s: float
+    ) -> Response:
+        """llama-server refused the request itself (a 400 for what it cannot take):
+        no other deployment would answer otherwise."""
+        self.relay.forget(pending)
+        self._outcome(f"upstream_{opened.status}")
+        raise Invalid(
+            f"the model server refused the request (HTTP {opened.status})",
+            code=ErrorCode.VALIDATION_FAILED,
+        )
+
+    async def _plain(
+        self,
+        pending: Pending,
+        choice: Choice,
+        opened: Opened,
+        headers: dict[str, str],
+        request: Request,
+    ) -> Response | str:
+        """A plain answer is whole before its first byte goes out: any failure before
+        then is retried elsewhere. A client that leaves meanwhile cancels it."""
+        collect = asyncio.ensure_future(self._collect(pending))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not collect.done():
+            collect.cancel()
+            await self.relay.cancel(choice.route.node_id, self.invoke_id)
+            self._outcome("client_left")
+            return Response(status_code=499)
+        body, ended = collect.result()
+        if ended is None or not ended.ok:
+            await self.relay.cancel(choice.route.node_id, self.invoke_id)
+            reason = ended.reason if ended else "token_gap_timeout"
+            self._cool_down(choice, reason)
+            self.state.metrics.invoke_attempts.labels("timeout" if ended is None else "lost").inc()
+            return "lost"
+        self.relay.forget(pending)
+        self._outcome("ok")
+        return Response(body, status_code=200, media_type=opened.content_type, headers=headers)
+
+    async def _collect(self, pending: Pending) -> tuple[bytes, Ended | None]:
+        parts: list[bytes] = []
+        while True:
+            frame = await self._frame(pending, self.settings.gateway_first_token_timeout_s)
+            if isinstance(frame, bytes):
+                parts.append(frame)
+            elif isinstance(frame, Ended):
+                return b"".join(parts), frame
+            elif frame is None:
+                return b"".join(parts), None
+
+    async def _streamed(
+        self,
+        pending: Pending,
+        choice: Choice,
+        opened: Opened,
+        headers: dict[str, str],
+        request: Request,
+    ) -> Response | str:
+        """The first chunk is waited for here (within the time-to-first-token bound),
+        so a deployment that fails before it is retried elsewhere; after it, the
+        stream is the client's, and a failure ends it with an error event."""
+        first = await self._frame(pending, self.settings.gateway_first_token_timeout_s)
+        if not isinstance(first, bytes):
+            await self.relay.cancel(choice.route.node_id, self.invoke_id)
+            reason = first.reason if isinstance(first, Ended) else "first_token_timeout"
+            self._cool_down(choice, reason or "ended_before_first_token")
+            self.state.metrics.invoke_attempts.labels("timeout").inc()
+            return "lost"
+        return StreamingResponse(
+            self._relay_stream(pending, choice, first),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def _relay_stream(
+        self, pending: Pending, choice: Choice, first: bytes
+    ) -> AsyncIterator[bytes]:
+        route = choice.route
+        finished = False
+        try:
+            yield first
+            while True:
+                frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
+                if isinstance(frame, bytes):
+                    yield frame
+                    continue
+                if isinstance(frame, Ended) and frame.ok:
+                    finished = True
+                    self._outcome("ok")
+                    return
+                code = ErrorCode.TOKEN_GAP_TIMEOUT if frame is None else ErrorCode.NODE_LOST
+                self._cool_down(choice, code.value)
+                self._outcome(code.value)
+                yield _stream_error(code, "the deployment stopped answering mid-stream")
+                return
+        finally:
+            if not finished:
+                # The client left (or the stream failed): stop the node's work at once.
+                await self.relay.cancel(route.node_id, self.invoke_id)
+            self.relay.forget(pending)
+            self.relay.in_flight[route.deployment_id] -= 1
+            if callable(self.on_close):
+                self.on_close()
+
+
+def _stream_error(code: ErrorCode, message: str) -> bytes:
+    event = {"error": {"message": message, "type": "server_error", "code": code.value}}
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

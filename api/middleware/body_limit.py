@@ -19,12 +19,18 @@ class BodyTooLarge(HTTPException):
 
 
 class BodySizeLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, streamed_prefixes: tuple[str, ...] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        # Routes whose body is a stream they bound themselves (an invoke's answer).
+        self.streamed_prefixes = streamed_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (
+            self.streamed_prefixes and scope["path"].startswith(self.streamed_prefixes)
+        ):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):

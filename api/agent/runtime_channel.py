@@ -1,0 +1,179 @@
+"""The runtime worker's two held requests: its channel, down which job notes, leased
+invokes and cancels come (server-sent events), and the answer stream of one invoke,
+up which llama-server's answer goes back (a chunked request body). Neither holds a
+database transaction while open: the node is authenticated up front (from the node
+cache, or one short transaction), and the channel re-checks it at every keep-alive, as
+the notification channel does (api/agent/notifications.py). api/gateway/relay.py routes
+both between API processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.requests import ClientDisconnect
+
+from api.deps import State, node_outside_transaction
+from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
+from api.gateway.relay import Ended, Opened, Verdict
+from schemas.base import WireModel
+from schemas.errors import ErrorCode
+from schemas.protocol import (
+    INVOKE_EPOCH_HEADER,
+    INVOKE_GATEWAY_HEADER,
+    INVOKE_LEASE_HEADER,
+    INVOKE_STATUS_HEADER,
+    INVOKE_STREAM,
+    RUNTIME_CHANNEL,
+)
+from store.errors import Invalid
+
+router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
+# An answer is bounded by its token bound; this only stops a node streaming for ever.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+@router.get(
+    RUNTIME_CHANNEL,
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the stream"}},
+)
+async def runtime_channel(
+    state: State, authorization: Annotated[str | None, Header()] = None
+) -> StreamingResponse:
+    """Held open: `event: job` when the node gets a job or a cancel (as on the
+    notification channel), `event: invoke` with a leased invoke, `event: cancel` when
+    an invoke's client left."""
+    node_id = (await node_outside_transaction(state, authorization)).node_id
+    keepalive_s = state.settings.notification_keepalive_s
+
+    async def stream() -> AsyncGenerator[str, None]:
+        loop = asyncio.get_running_loop()
+        with state.notifications.channel(node_id) as notes:
+            async with state.invokes.channel(node_id) as invokes:
+                yield "retry: 2000\n: connected\n\n"
+                check_at = loop.time() + keepalive_s
+                note = asyncio.ensure_future(notes.get())
+                work = asyncio.ensure_future(invokes.get())
+                try:
+                    while True:
+                        done, _ = await asyncio.wait(
+                            {note, work},
+                            timeout=max(0.0, check_at - loop.time()),
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                        if work in done:
+                            event, data = work.result()
+                            yield f"event: {event}\ndata: {data}\n\n"
+                            work = asyncio.ensure_future(invokes.get())
+                        if note in done:
+                            yield f"event: job\ndata: {note.result()}\n\n"
+                            note = asyncio.ensure_future(notes.get())
+                        if loop.time() < check_at:
+                            continue
+                        try:
+                            await node_outside_transaction(state, authorization)
+                        except (ApiError, SQLAlchemyError, OSError):
+                            return  # refused (or unsure): the channel closes
+                        yield ": keep-alive\n\n"
+                        check_at = loop.time() + keepalive_s
+                finally:
+                    note.cancel()
+                    work.cancel()
+
+    return StreamingResponse(
+        state.held_streams.hold(stream()),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+class StreamAnswer(WireModel):
+    invoke_id: uuid.UUID
+    # Every byte of the body reached the invoke's gateway (which may still have lost
+    # its client meanwhile).
+    accepted: bool
+    bytes: int
+
+
+def _refusal(verdict: Verdict) -> ApiError:
+    if verdict == Verdict.NOT_OWNED:
+        return Forbidden("this invoke is another node's", code=ErrorCode.JOB_NOT_OWNED)
+    if verdict == Verdict.STALE:
+        return Conflict("this lease is not the invoke's current one", code=ErrorCode.LEASE_STALE)
+    return NotFound("no gateway waits on this invoke", code=ErrorCode.NOT_FOUND)
+
+
+_GATEWAY = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _lease(
+    lease_id: str | None, epoch: str | None, gateway: str | None, status: str | None
+) -> tuple[uuid.UUID, int, str, int]:
+    """The lease, gateway and status an answer stream names (422 for what is none)."""
+    try:
+        lease, number, code = uuid.UUID(lease_id or ""), int(epoch or ""), int(status or "")
+    except ValueError:
+        lease, number, code = uuid.UUID(int=0), 0, 0
+    if not (1 <= number < 2**53 and 100 <= code <= 599 and _GATEWAY.match(gateway or "")):
+        raise Invalid(
+            "the answer stream needs its lease id, epoch, gateway and upstream status",
+            code=ErrorCode.VALIDATION_FAILED,
+        )
+    return lease, number, str(gateway), code
+
+
+@router.post(INVOKE_STREAM, responses=error_responses(404, 409))
+async def invoke_stream(
+    invoke_id: uuid.UUID,
+    request: Request,
+    state: State,
+    authorization: Annotated[str | None, Header()] = None,
+    x_modelforge_lease: Annotated[str | None, Header(alias=INVOKE_LEASE_HEADER)] = None,
+    x_modelforge_epoch: Annotated[str | None, Header(alias=INVOKE_EPOCH_HEADER)] = None,
+    x_modelforge_gateway: Annotated[str | None, Header(alias=INVOKE_GATEWAY_HEADER)] = None,
+    x_modelforge_status: Annotated[str | None, Header(alias=INVOKE_STATUS_HEADER)] = None,
+) -> StreamAnswer:
+    """llama-server's answer to a leased invoke, as it comes (the request body), relayed
+    to the gateway process that holds the client. Refused before any byte is read: an
+    invoke no gateway waits on (404), another node's (403), a lease that is not the
+    invoke's current one (409: the gateway retried elsewhere)."""
+    node_id = (await node_outside_transaction(state, authorization)).node_id
+    lease_id, epoch, gateway, status = _lease(
+        x_modelforge_lease, x_modelforge_epoch, x_modelforge_gateway, x_modelforge_status
+    )
+    content_type = request.headers.get("content-type", "application/octet-stream")[:100]
+    verdict, sink = await state.invokes.open_stream(
+        node_id=node_id,
+        invoke_id=invoke_id,
+        gateway=gateway,
+        lease_id=lease_id,
+        epoch=epoch,
+        opened=Opened(status, content_type),
+    )
+    if sink is None:
+        raise _refusal(verdict)
+    received = 0
+    try:
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            received += len(chunk)
+            if received > MAX_ANSWER_BYTES:
+                await sink.end(Ended(False, "answer_too_large"))
+                return StreamAnswer(invoke_id=invoke_id, accepted=False, bytes=received)
+            await sink.data(chunk)
+    except ClientDisconnect:
+        # The runtime worker (or its host) went away mid-answer.
+        with contextlib.suppress(Exception):
+            await sink.end(Ended(False, "node_lost"))
+        raise
+    await sink.end(Ended(True))
+    return StreamAnswer(invoke_id=invoke_id, accepted=True, bytes=received)
