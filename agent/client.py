@@ -14,6 +14,7 @@ import logging
 import ssl
 import time
 import uuid
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -43,8 +44,17 @@ from schemas.agent import (
 )
 from schemas.artifacts import ArtifactClaim, CompleteAnswer, CompleteReport, ProgressReport
 from schemas.base import WireModel
+from schemas.deployments import (
+    DeploymentClaim,
+    DrainComplete,
+    LoadClaim,
+    LoadComplete,
+    TargetClaim,
+)
+from schemas.deployments import HealthComplete as DeploymentHealthComplete
+from schemas.deployments import UnloadComplete as DeploymentUnloadComplete
 from schemas.errors import ErrorCode
-from schemas.jobs import FailAnswer, FailReport, ProgressAnswer
+from schemas.jobs import FailAnswer, FailReport, LeaseFence, ProgressAnswer
 from schemas.protocol import (
     ADMIN_HEADER,
     ARTIFACT_JOB_COMPLETE,
@@ -52,9 +62,18 @@ from schemas.protocol import (
     ARTIFACT_JOB_PROGRESS,
     ARTIFACT_JOBS_NEXT,
     CORRELATION_HEADER,
+    DEPLOYMENT_JOB_COMPLETE,
+    DEPLOYMENT_JOB_FAIL,
+    DEPLOYMENT_JOB_PROGRESS,
+    DEPLOYMENT_JOBS_NEXT,
     ENROLL,
     HEARTBEAT,
     INVENTORY,
+    INVOKE_EPOCH_HEADER,
+    INVOKE_GATEWAY_HEADER,
+    INVOKE_LEASE_HEADER,
+    INVOKE_STATUS_HEADER,
+    INVOKE_STREAM,
     RUNTIME,
     RUNTIME_JOB_COMPLETE,
     RUNTIME_JOB_FAIL,
@@ -196,6 +215,18 @@ class RuntimeClaimAnswer(RootModel[RuntimeClaim]):
     pass
 
 
+class DeploymentClaimAnswer(RootModel[DeploymentClaim]):
+    pass
+
+
+DeploymentCompletion = (
+    LoadComplete | DeploymentHealthComplete | DrainComplete | DeploymentUnloadComplete
+)
+# An invoke's answer stream: connecting and each write bounded; the wait for the next
+# chunk of llama-server's answer is not (a long answer takes its time).
+INVOKE_STREAM_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+
+
 class ProtocolClient:
     """One node's view of the protocol. `credential` is set after enrollment or a reload.
 
@@ -274,6 +305,57 @@ class ProtocolClient:
     async def fail_runtime_job(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
         return await self._call("POST", RUNTIME_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
 
+    async def claim_deployment_job(self) -> LoadClaim | TargetClaim | None:
+        """The next deployment job (any deployment kind) and its lease; None when there
+        is nothing to do (204)."""
+        response = await self._send("GET", DEPLOYMENT_JOBS_NEXT, None)
+        if response.status_code == 204:
+            return None
+        return _parse(DeploymentClaimAnswer, response, "GET", DEPLOYMENT_JOBS_NEXT).root
+
+    async def deployment_job_progress(
+        self, job_id: uuid.UUID, report: RuntimeJobProgress
+    ) -> ProgressAnswer:
+        path = DEPLOYMENT_JOB_PROGRESS.format(job_id=job_id)
+        return await self._call("POST", path, report, ProgressAnswer)
+
+    async def complete_deployment_job(
+        self, job_id: uuid.UUID, report: DeploymentCompletion
+    ) -> RuntimeJobOutcome:
+        path = DEPLOYMENT_JOB_COMPLETE.format(job_id=job_id)
+        return await self._call("POST", path, report, RuntimeJobOutcome)
+
+    async def fail_deployment_job(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
+        path = DEPLOYMENT_JOB_FAIL.format(job_id=job_id)
+        return await self._call("POST", path, report, FailAnswer)
+
+    async def stream_invoke(
+        self,
+        invoke_id: uuid.UUID,
+        lease: LeaseFence,
+        gateway: str,
+        *,
+        status: int,
+        content_type: str,
+        body: bytes | AsyncIterable[bytes],
+    ) -> None:
+        """POST an invoke's answer under its lease: `status` and `content_type` are
+        llama-server's (or the worker's refusal's), `body` its bytes as they come (an
+        iterable is sent chunked, each chunk as it arrives). Returns once the API took
+        the whole body (2xx); a refusal (409 lease_stale: the invoke ended or went
+        elsewhere) or a broken connection raises, as every call here does."""
+        path = INVOKE_STREAM.format(invoke_id=invoke_id)
+        headers = {
+            INVOKE_LEASE_HEADER: str(lease.lease_id),
+            INVOKE_EPOCH_HEADER: str(lease.epoch),
+            INVOKE_GATEWAY_HEADER: gateway,
+            INVOKE_STATUS_HEADER: str(status),
+            "content-type": content_type,
+        }
+        await self._send(
+            "POST", path, None, extra_headers=headers, content=body, timeouts=INVOKE_STREAM_TIMEOUT
+        )
+
     async def _call(
         self,
         method: str,
@@ -297,8 +379,11 @@ class ProtocolClient:
         *,
         authenticated: bool = True,
         extra_headers: dict[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeouts: httpx.Timeout | None = None,
     ) -> httpx.Response:
-        """A 2xx response, or the failure mapped to agent/errors.py."""
+        """A 2xx response, or the failure mapped to agent/errors.py. The body is `body`
+        as JSON, or `content` as it is (its content type in `extra_headers`)."""
         correlation_id = f"agent-{uuid.uuid4().hex}"
         headers = {CORRELATION_HEADER: correlation_id}
         if body is not None:
@@ -314,15 +399,18 @@ class ProtocolClient:
                     detail="no credential in the state dir",
                 )
             headers["Authorization"] = f"Bearer {self.credential}"
-        content = body.model_dump_json() if body is not None else None
+        payload = body.model_dump_json() if body is not None else content
+        bounds = timeouts or self.http.timeout
         started = time.monotonic()
         try:
             if self.limiter is None:
-                response = await self.http.request(method, path, content=content, headers=headers)
+                response = await self.http.request(
+                    method, path, content=payload, headers=headers, timeout=bounds
+                )
             else:
                 async with self.limiter:
                     response = await self.http.request(
-                        method, path, content=content, headers=headers
+                        method, path, content=payload, headers=headers, timeout=bounds
                     )
         except httpx.TransportError as exc:
             failure_class, detail = classify_transport(exc)

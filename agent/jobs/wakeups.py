@@ -3,7 +3,10 @@ to the API (schemas/protocol.py: NOTIFICATIONS). Each `event: job` names the job
 and wakes only the claim loop that can claim it (an artifact job wakes the agent's loop,
 a runtime job the runtime worker's); a note without a kind (an older API) wakes every
 loop. While the channel is down (API restarting, NATS down, a proxy that cuts long
-requests) the loops' polling carries on alone, so nothing depends on it."""
+requests) the loops' polling carries on alone, so nothing depends on it.
+
+`hold_events` (a held SSE request, reconnected with backoff) and `EventReader` (its
+events, line by line) serve the runtime worker's channel too (agent/runtime/channel.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
@@ -49,50 +52,104 @@ class Wakeups:
 
 
 async def listen(client: ProtocolClient, wakeups: Wakeups, stop: asyncio.Event) -> None:
+    """Hold NOTIFICATIONS until `stop`: each job note wakes its loops."""
+
+    def on_event(event: str | None, data: str) -> None:
+        if event == "job":
+            wakeups.note(note_kind(data))
+
+    await hold_events(
+        client, [NOTIFICATIONS], stop, on_open=wakeups.every, on_event=on_event,
+        what="job notifications",
+    )  # fmt: skip
+
+
+class Refused(Exception):
+    """The API answered the held request with something other than 200."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+async def hold_events(
+    client: ProtocolClient,
+    paths: Sequence[str],
+    stop: asyncio.Event,
+    *,
+    on_open: Callable[[], None],
+    on_event: Callable[[str | None, str], None],
+    what: str,
+) -> None:
+    """Hold a server-sent-events request until `stop`, reconnecting with backoff: the
+    first of `paths` the API serves (a 404 tries the next: an older API), `on_open`
+    once its first line arrived, `on_event(event, data)` for each event."""
     delay = 0.5
     announced = False
     while not stop.is_set():
         try:
-            await _hold(client, wakeups)
+            for index, path in enumerate(paths):
+                try:
+                    await _hold(client, path, on_open, on_event, what)
+                    break
+                except Refused as refused:
+                    if refused.status != 404 or index == len(paths) - 1:
+                        raise
             delay = 0.5
-        except (httpx.HTTPError, _Refused) as exc:
+        except (httpx.HTTPError, Refused) as exc:
             if not announced:
-                logger.info("job notifications unavailable (%s); polling", type(exc).__name__)
+                logger.info("%s unavailable (%s); polling", what, type(exc).__name__)
                 announced = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
         delay = min(delay * 2, 30.0)
 
 
-class _Refused(Exception):
-    pass
-
-
-async def _hold(client: ProtocolClient, wakeups: Wakeups) -> None:
+async def _hold(
+    client: ProtocolClient,
+    path: str,
+    on_open: Callable[[], None],
+    on_event: Callable[[str | None, str], None],
+    what: str,
+) -> None:
     headers = {"Authorization": f"Bearer {client.credential}", "Accept": "text/event-stream"}
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
-    async with client.http.stream("GET", NOTIFICATIONS, headers=headers, timeout=timeout) as r:
+    async with client.http.stream("GET", path, headers=headers, timeout=timeout) as r:
         if r.status_code != 200:
-            raise _Refused(f"HTTP {r.status_code}")
+            raise Refused(r.status_code)
         listening = False
-        event: str | None = None
-        data: list[str] = []
+        reader = EventReader()
         async for line in r.aiter_lines():
             if not listening:
                 # The API sends its first line once the channel is registered: anything
                 # created before (while the channel was down) is claimed now, and
                 # anything after it is notified.
                 listening = True
-                logger.info("job notifications: listening")
-                wakeups.every()
-            if line.startswith("event:"):
-                event = line.removeprefix("event:").strip()
-            elif line.startswith("data:"):
-                data.append(line.removeprefix("data:").strip())
-            elif line == "":  # the end of one event
-                if event == "job":
-                    wakeups.note(note_kind("\n".join(data)))
-                event, data = None, []
+                logger.info("%s: listening", what)
+                on_open()
+            if (complete := reader.feed(line)) is not None:
+                on_event(*complete)
+
+
+class EventReader:
+    """Server-sent events, line by line: `feed` answers (event, data) at the blank line
+    that ends an event; comments (keep-alives) and `retry:` are skipped."""
+
+    def __init__(self) -> None:
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str | None, str] | None:
+        if line.startswith("event:"):
+            self._event = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            self._data.append(line.removeprefix("data:").strip())
+        elif line == "":  # the end of one event
+            complete = (self._event, "\n".join(self._data))
+            seen = self._event is not None or self._data
+            self._event, self._data = None, []
+            return complete if seen else None
+        return None
 
 
 def note_kind(data: str) -> str | None:

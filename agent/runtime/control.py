@@ -5,11 +5,14 @@ from the agent's state dir: the runtime report stream, and the runtime jobs.
   and the binary it runs (its sha256 and version: a RuntimeEnvironment). Sent at start,
   every `report_interval_s`, and soon after anything changed. Sequences come from a file
   in the run dir, reserved in blocks, so a restart never reuses one (like the agent's).
-* **Jobs** of every runtime kind are claimed from `…/runtime-probes/next` by the one
-  claim loop (agent/jobs/loop.py) when a runtime job's notification wakes it (its own
-  SSE listener, agent/jobs/wakeups.py) or every `job_poll_interval_s`. Jobs run side by
-  side, each as its own task, up to one per device plus one: a job for a device waits
-  for that device's turn (DeviceSlot), never for a job on another device.
+* **Jobs** of every runtime kind are claimed from `…/runtime-probes/next`, and those of
+  every deployment kind (agent/runtime/deployments.py) from `…/deployment-jobs/next`,
+  each by its own claim loop (agent/jobs/loop.py) when a job's notification wakes it
+  or every `job_poll_interval_s`. Jobs run side by side, each as its own task, up to
+  one per device plus one per loop: a job for a device waits for that device's turn
+  (DeviceSlot), never for a job on another device.
+* **The channel** (agent/runtime/channel.py): one held request carries the job notes
+  that wake the loops, and the invokes, each started at once (agent/runtime/invoke.py).
 * A 4xx answer is final for that request: logged once, never retried in a loop.
 """
 
@@ -28,8 +31,11 @@ from pathlib import Path
 from agent.client import ProtocolClient
 from agent.errors import Conflict, RequestFailed
 from agent.jobs.loop import claim_loop
-from agent.jobs.wakeups import Wakeups, listen, wait_for_wake
+from agent.jobs.wakeups import Wakeups, wait_for_wake
+from agent.runtime.channel import RuntimeChannel
+from agent.runtime.deployments import DEPLOYMENT_KINDS, DeploymentJob, DeploymentReports
 from agent.runtime.device_jobs import DeviceJobRun
+from agent.runtime.invoke import Invokes
 from agent.runtime.jobs import RUNTIME_KINDS, RuntimeJob, RuntimeReports
 from agent.runtime.probe import ProbeRun
 from agent.runtime.worker import RuntimeWorker
@@ -105,6 +111,8 @@ class ControlPlane:
         self.changed = worker.changed
         self._refused: str | None = None
         self.job_reports = RuntimeReports(client)
+        self.deployment_reports = DeploymentReports(client)
+        self.invokes = Invokes(worker, client)
 
     def report(self) -> RuntimeReport:
         inventory = self.worker.inventory()
@@ -115,6 +123,7 @@ class ControlPlane:
             devices=inventory.devices,
             served_models=inventory.served_models,
             loaded_models=inventory.loaded_models,
+            deployments=inventory.deployments,
             environments=[self.environment],
         )
 
@@ -173,12 +182,31 @@ class ControlPlane:
             in_flight=self.in_flight,
         )
 
+    async def next_deployment_job(self) -> DeploymentJob | None:
+        claim = await self.client.claim_deployment_job()
+        if claim is None:
+            return None
+        logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
+        return DeploymentJob(claim, self.deployment_reports, self.worker)
+
+    async def deployment_jobs(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        await claim_loop(
+            "deployment jobs",
+            self.next_deployment_job,
+            stop,
+            poll_s=self.worker.config.job_poll_interval_s,
+            wake=wake,
+            in_flight=self.in_flight,
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         wakeups = Wakeups()
+        channel = RuntimeChannel(self.client, wakeups, self.invokes)
         tasks = [
             asyncio.create_task(self.reports(stop)),
             asyncio.create_task(self.jobs(stop, wakeups.loop_for(RUNTIME_KINDS))),
-            asyncio.create_task(listen(self.client, wakeups, stop)),
+            asyncio.create_task(self.deployment_jobs(stop, wakeups.loop_for(DEPLOYMENT_KINDS))),
+            asyncio.create_task(channel.hold(stop)),
         ]
         try:
             await stop.wait()
@@ -188,3 +216,6 @@ class ControlPlane:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            # No new invokes now; those in flight get the shutdown grace (the worker's
+            # close then ends them, as it ends the local API's).
+            await self.invokes.close(self.worker.config.shutdown_grace_s)

@@ -1,10 +1,13 @@
-"""The runtime worker's state: its devices (one slot each), the configured models, and
-what it reports about them. The local API and the job loop both work through this."""
+"""The runtime worker's state: its devices (one slot each), the configured models, the
+deployments it serves (agent/runtime/deployments.py), and what it reports about them.
+The local API, the job loops and the invokes all work through this."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from typing import TYPE_CHECKING
 
 from agent.runtime.backends import RuntimeBackend, backend
 from agent.runtime.config import ModelSpec, RuntimeConfig
@@ -12,6 +15,9 @@ from agent.runtime.devices import DeviceSlot, SlotSettings
 from agent.runtime.selection import choose_device
 from agent.runtime.server import ServerSettings, reap_leftovers
 from schemas.runtime_local import RuntimeDevice, RuntimeInventory, RuntimeRegistration, ServedModel
+
+if TYPE_CHECKING:
+    from agent.runtime.deployments import Deployed
 
 logger = logging.getLogger("modelforge.runtime")
 
@@ -44,6 +50,8 @@ class RuntimeWorker:
         ]
         if not self.slots:
             raise ValueError("no devices: the configured backends found none")
+        # The deployments loaded here, by id (each pins its device's slot).
+        self.deployments: dict[uuid.UUID, Deployed] = {}
 
     def start(self) -> None:
         self.config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -55,14 +63,17 @@ class RuntimeWorker:
         return self.config.model(model_id)
 
     def slot_for(self, model: ModelSpec) -> DeviceSlot:
+        """The device for a model of this node's own: never one a deployment pinned to
+        its model (when every device is, any: it refuses, agent/runtime/devices.py)."""
         if len(self.slots) == 1:
             return self.slots[0]
+        slots = [s for s in self.slots if s.pinned in (None, model.model_id)] or self.slots
         # The common case first, without asking any device for its free memory.
-        loaded = [s for s in self.slots if s.loaded_model == model.model_id]
+        loaded = [s for s in slots if s.loaded_model == model.model_id]
         if loaded:
             return min(loaded, key=lambda s: s.pending)
-        by_id = {slot.device.id: slot for slot in self.slots}
-        chosen = choose_device(model.model_id, [slot.candidate() for slot in self.slots])
+        by_id = {slot.device.id: slot for slot in slots}
+        chosen = choose_device(model.model_id, [slot.candidate() for slot in slots])
         return by_id[chosen.device_id]
 
     def slot(self, device_id: str) -> DeviceSlot | None:
@@ -93,7 +104,10 @@ class RuntimeWorker:
             )
         loaded = sorted({d.loaded_model for d in devices if d.loaded_model})
         return RuntimeInventory(
-            devices=devices, served_models=self.served_models(), loaded_models=loaded
+            devices=devices,
+            served_models=self.served_models(),
+            loaded_models=loaded,
+            deployments=[deployed.reported() for deployed in self.deployments.values()],
         )
 
     def registration(self, node_id: str, base_url: str) -> RuntimeRegistration:
