@@ -27,7 +27,7 @@ from agent.runtime.probe import sha256_of
 from schemas.deployments import LoadClaim, LoadSpec, TargetClaim, TargetSpec
 from schemas.gateway import Invoke, InvokeParams
 from schemas.jobs import FailAnswer, JobKind, JobState, Lease, LeaseFence, ProgressAnswer
-from schemas.protocol import INVOKE_STREAM
+from schemas.protocol import INVOKE_STATUS_HEADER, INVOKE_STREAM
 from schemas.runtime import RuntimeJobFail, RuntimeJobOutcome, RuntimeJobProgress
 from stack.ports import free_port
 
@@ -51,12 +51,14 @@ class Streamed:
 
 class StandIn:
     """INVOKE_STREAM only. `answer` is the status it answers once a body ended; while
-    `hold` is clear it keeps the request open after the body (the invoke stays in
-    flight on the node until it answers)."""
+    `hold` is clear it keeps the request of an answer (not a refusal) open after the
+    body (the invoke stays in flight on the node until it answers)."""
 
     def __init__(self) -> None:
         self.streams: dict[str, list[Streamed]] = {}
         self.answer = 200
+        # Answered before the body is read (the API refusing a stream at once).
+        self.refuse_at_once: int | None = None
         self.hold = asyncio.Event()
         self.hold.set()
         self.app = Starlette(routes=[Route(INVOKE_STREAM, self._stream, methods=["POST"])])
@@ -64,6 +66,9 @@ class StandIn:
     async def _stream(self, request: Request) -> Response:
         streamed = Streamed(headers=dict(request.headers))
         self.streams.setdefault(request.path_params["invoke_id"], []).append(streamed)
+        if self.refuse_at_once is not None:
+            streamed.ended.set()
+            return Response(status_code=self.refuse_at_once)
         try:
             async for chunk in request.stream():
                 if chunk:
@@ -72,7 +77,8 @@ class StandIn:
         except ClientDisconnect:
             streamed.broken = True
         streamed.ended.set()
-        await self.hold.wait()
+        if request.headers.get(INVOKE_STATUS_HEADER) == "200":
+            await self.hold.wait()
         return Response(status_code=self.answer)
 
     def of(self, invoke_id: uuid.UUID) -> list[Streamed]:
@@ -130,10 +136,10 @@ class Reports(RuntimeReports):
         return FailAnswer(job_id=job_id, state=JobState.FAILED)
 
 
-def lease(epoch: int = 1) -> Lease:
+def lease(epoch: int = 1, renew_within_s: float = 30) -> Lease:
     return Lease(
         lease_id=uuid.uuid4(), epoch=epoch, expires_at=datetime.now(UTC) + timedelta(minutes=5),
-        renew_within_s=30,
+        renew_within_s=renew_within_s,
     )  # fmt: skip
 
 
@@ -151,9 +157,12 @@ def load_claim(
     return LoadClaim(job_id=uuid.uuid4(), attempt=1, spec=spec, lease=lease())
 
 
-def target_claim(kind: JobKind, deployment_id: uuid.UUID, deadline_s: float = 0.0) -> TargetClaim:
+def target_claim(
+    kind: JobKind, deployment_id: uuid.UUID, deadline_s: float = 0.0, renew_within_s: float = 30
+) -> TargetClaim:
     spec = TargetSpec(deployment_id=deployment_id, device_id="cpu", deadline_s=deadline_s)
-    return TargetClaim(job_id=uuid.uuid4(), kind=kind, attempt=1, spec=spec, lease=lease())
+    return TargetClaim(job_id=uuid.uuid4(), kind=kind, attempt=1, spec=spec,
+                       lease=lease(renew_within_s=renew_within_s))  # fmt: skip
 
 
 _DIGESTS: dict[Path, str] = {}
