@@ -215,6 +215,7 @@ async def _queue_load(session: AsyncSession, deployment: Deployment, *, actor: s
         deployment.max_attempts,
         actor=actor,
     )
+    await session.flush()  # the job's row before the reference to it
     deployment.job_id = job.id
     return job
 
@@ -231,6 +232,7 @@ async def _queue_target(
         deployment_id=deployment.id, device_id=deployment.device_id, deadline_s=deadline_s
     )
     job = await leases.queue(session, kind, deployment.node_id, spec, TARGET_ATTEMPTS, actor=actor)
+    await session.flush()
     deployment.job_id = job.id
     return job
 

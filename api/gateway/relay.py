@@ -183,6 +183,7 @@ class InvokeRelay:
                         connect_timeout=2,
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=0.5,
+                        error_cb=_quiet,
                     ),
                     5,
                 )
@@ -360,6 +361,12 @@ class InvokeRelay:
         if verdict != Verdict.OK:
             return verdict, None
         return verdict, _RemoteSink(self._nc, subject, epoch)
+
+
+async def _quiet(error: Exception) -> None:
+    # nats-py logs every reconnect attempt's error itself; one line at debug is enough
+    # (the API serves on while NATS is down: cross-process invokes just go unanswered).
+    logger.debug("invokes: NATS %s", type(error).__name__)
 
 
 @contextlib.asynccontextmanager
