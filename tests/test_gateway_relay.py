@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -151,10 +152,13 @@ def test_a_stream_is_relayed_and_a_node_lost_mid_stream_ends_it_with_an_error_ev
         b"data: [DONE]\n\n",
     ]
 
+    first_byte = threading.Event()
+
     def stream_call() -> list[str]:
         with streamed(gateway_api, secret) as response:
             assert response.status_code == 200
             assert response.headers[ROUTE_NODE_HEADER] == deployed.node.node_id
+            first_byte.set()
             return [line for line in response.iter_lines() if line]
 
     with runtime_channel(gateway_api, deployed.node) as channel:
@@ -170,8 +174,13 @@ def test_a_stream_is_relayed_and_a_node_lost_mid_stream_ends_it_with_an_error_ev
         cut = pool.submit(stream_call)
         invoke = channel.next_invoke()
 
+        first_byte.clear()
+
         def dies() -> Iterator[bytes]:
             yield chunks[0]
+            # Once the first byte reached the client (before it, the gateway would
+            # retry elsewhere), the node goes away.
+            assert first_byte.wait(20)
             raise ConnectionResetError("the node went away")
 
         with pytest.raises((httpx.HTTPError, ConnectionResetError)):

@@ -11,7 +11,8 @@ RuntimeJob over agent/jobs/lease.py), claimed by the deployment-jobs claim loop
   the lease's device through the device's turn; then the device is **pinned** to it
   (agent/runtime/devices.py: no other model runs there until its unload). A device
   pinned by another deployment fails `device_pinned` (not retried). The same
-  deployment already loaded here is a success that starts nothing.
+  deployment already loaded here is a success that starts nothing (but its server,
+  if that exited since).
 * **deployment.health.v1**: the layered health of its server, with a one-token
   inference, and its invokes in flight; every layer False when it is not loaded here.
 * **deployment.drain.v1** and **deployment.unload.v1**: new invokes refused at once
@@ -186,6 +187,9 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
         spec = claim.spec
         loaded = self.worker.deployments.get(spec.deployment_id)
         if loaded is not None:
+            if loaded.server is None:
+                # Its server exited since: started again on its pinned device.
+                await self._restart(loaded)
             return await self._loaded(loaded)
         slot = self.worker.slot(spec.device_id)
         if slot is None:
@@ -216,6 +220,14 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
         except ServerFailed as exc:
             raise server_failure(exc) from None
         return await self._loaded(loaded)
+
+    async def _restart(self, deployed: Deployed) -> None:
+        self.phase = "loading"
+        try:
+            async with deployed.slot.serving(deployed.model, bounded=False, when_turn=self.check):
+                pass
+        except ServerFailed as exc:
+            raise server_failure(exc) from None
 
     async def _loaded(self, deployed: Deployed) -> LoadComplete:
         server = deployed.server

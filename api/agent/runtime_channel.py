@@ -9,7 +9,6 @@ both between API processes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import uuid
 from collections.abc import AsyncGenerator
@@ -172,8 +171,7 @@ async def invoke_stream(
             await sink.data(chunk)
     except ClientDisconnect:
         # The runtime worker (or its host) went away mid-answer.
-        with contextlib.suppress(Exception):
-            await sink.end(Ended(False, "node_lost"))
-        raise
+        await sink.end(Ended(False, "node_lost"))
+        return StreamAnswer(invoke_id=invoke_id, accepted=False, bytes=received)  # unread
     await sink.end(Ended(True))
     return StreamAnswer(invoke_id=invoke_id, accepted=True, bytes=received)

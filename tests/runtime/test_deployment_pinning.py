@@ -3,7 +3,8 @@ in-process runtime worker with a real llama-server and a real model: once loaded
 "cpu", the device serves the deployment's model under its served name and switches to
 no other (a local API request for another model: 503 device_pinned; a probe on it:
 device_pinned, not retried; a second deployment: device_pinned), a reload of the same
-deployment starts nothing, the runtime report lists it, and its health is layered.
+deployment starts nothing (but a server that exited), the runtime report lists it, and
+its health is layered.
 The device selection for local models skips a pinned device (pure)."""
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ async def test_a_loaded_deployment_pins_its_device(
     unknown = target_claim(JobKind.DEPLOYMENT_HEALTH, uuid.uuid4())
     assert await DeploymentJob(unknown, absent, worker).run() == "completed"
     assert not any(absent.completed[0].health.model_dump().values())
+
+    # Its server exited: the health says so, and a reload starts it again, pinned.
+    await server.stop()
+    down = Reports()
+    assert await DeploymentJob(checked, down, worker).run() == "completed"
+    assert not down.completed[0].health.process_up
+    restarted = Reports()
+    assert await DeploymentJob(claim, restarted, worker).run() == "completed"
+    assert restarted.completed[0].health == HEALTHY
+    assert slot.server is not server and slot.pinned == slot.loaded_model
 
 
 class TwoCpus(CpuBackend):
