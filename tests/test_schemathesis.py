@@ -22,7 +22,7 @@ from schemathesis.openapi.checks import RejectedPositiveData
 
 from api.app import create_app
 from api.settings import ApiSettings
-from schemas.protocol import ADMIN_PREFIX, AGENT_PREFIX, ENROLL, NOTIFICATIONS
+from schemas.protocol import ADMIN_PREFIX, AGENT_PREFIX, ENROLL, NOTIFICATIONS, RUNTIME_CHANNEL
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.flows import enroll
 
@@ -120,10 +120,10 @@ def test_served_document_is_the_one_under_test(credentials: dict[str, str]) -> N
     assert served == _DOCUMENT
 
 
-# Every operation but the held notification stream: a fuzzer waits on its answer, which
-# never ends by design. tests/test_job_notifications.py holds its contract instead.
+# Every operation but the held streams (notifications, the runtime channel): a fuzzer
+# waits on its answer, which never ends by design. tests/test_job_notifications.py holds its contract instead.
 @pytest.mark.slow
-@schema.exclude(path=NOTIFICATIONS).parametrize()
+@schema.exclude(path=[NOTIFICATIONS, RUNTIME_CHANNEL]).parametrize()
 @FUZZ
 def test_every_operation_honours_its_contract(case: Any, credentials: dict[str, str]) -> None:
     case.call_and_validate(**call_kwargs(case.path, credentials))
