@@ -473,9 +473,12 @@ async def reconcile_one(
     now = await nodes.now(session)
     state = DeploymentState(deployment.state)
     current = await _current_job(session, deployment)
-    reported = (
-        view.report_received_at is not None
-        and view.report_received_at > deployment.state_changed_at + REPORT_MARGIN
+    received = view.report_received_at
+    # A report since the last transition: it says what the node has now. Its silence
+    # about the deployment counts only past the margin.
+    reported = received is not None and received > deployment.state_changed_at
+    silent_for_sure = (
+        received is not None and received > deployment.state_changed_at + REPORT_MARGIN
     )
     is_loaded = deployment.id in view.loaded
 
@@ -531,7 +534,7 @@ async def reconcile_one(
         return None
 
     if state == DeploymentState.READY:
-        if reported and not is_loaded and not _active(current):
+        if silent_for_sure and not is_loaded and not _active(current):
             # The runtime worker no longer has it (it restarted): load it again.
             await _queue_load(session, deployment, actor=actor)
             transition(
