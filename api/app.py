@@ -10,10 +10,10 @@ from fastapi import FastAPI
 
 from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
+from api.broker_link import BrokerLink
 from api.gateway.limits import ClientLimits
 from api.gateway.relay import invoke_relay
 from api.gateway.routes import router as gateway_router
-from api.broker_link import BrokerLink
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.heartbeat_buffer import heartbeat_buffer

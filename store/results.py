@@ -15,8 +15,9 @@ from typing import Final, TypeVar
 
 from schemas.artifacts import ArtifactResult
 from schemas.base import WireModel
-from schemas.deployments import DrainResult, LoadResult, UnloadResult as DeploymentUnloadResult
+from schemas.deployments import DrainResult, LoadResult
 from schemas.deployments import HealthResult as DeploymentHealthResult
+from schemas.deployments import UnloadResult as DeploymentUnloadResult
 from schemas.jobs import JobKind
 from schemas.runtime import HealthResult, ProbeResult, UnloadResult
 from store.models import Job

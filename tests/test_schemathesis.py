@@ -121,7 +121,8 @@ def test_served_document_is_the_one_under_test(credentials: dict[str, str]) -> N
 
 
 # Every operation but the held streams (notifications, the runtime channel): a fuzzer
-# waits on its answer, which never ends by design. tests/test_job_notifications.py holds its contract instead.
+# waits on its answer, which never ends by design. tests/test_job_notifications.py and
+# tests/test_gateway_relay.py hold their contracts instead.
 @pytest.mark.slow
 @schema.exclude(path=[NOTIFICATIONS, RUNTIME_CHANNEL]).parametrize()
 @FUZZ
