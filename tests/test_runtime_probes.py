@@ -95,8 +95,8 @@ def test_the_runtime_report_is_a_stream_of_its_own(runtime_api: RunningApi) -> N
     with api.client() as client:
         node = node_with_roots(client, api)
         assert ok(client.get(f"{NODES}/{node.node_id}/runtime", headers=api.admin_headers)) == {
-            "devices": [], "served_models": [], "loaded_models": [], "environments": [],
-            "reported": False,
+            "devices": [], "served_models": [], "loaded_models": [], "deployments": [],
+            "environments": [], "reported": False,
         }  # fmt: skip
         applied = ok(report_runtime(client, node, 5))
         assert applied["stream"] == "runtime" and applied["applied"] is True
