@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.protocol import ARTIFACT_JOBS, RUNTIME_JOBS
+from schemas.protocol import ARTIFACT_JOBS, DEPLOYMENTS, RUNTIME_JOBS
 from stack.ports import free_port
 from tests.hub_server import HubServer
 from tests.runtime.harness import instruct_model
@@ -123,7 +123,7 @@ def script(blocks: list[Block], api_port: int, runtime_port: int, vars_file: Pat
         # On a line of its own: curl prints an answer without a newline.
         parts.append(f"printf '\\n@@ README block at line {block.line}\\n'\n{text}")
     parts.append(
-        f'printf \'%s\\n\' "$NODE" "$JOB" "$PROBE" "$UNLOAD" > {vars_file}\n'
+        f'printf \'%s\\n\' "$NODE" "$JOB" "$PROBE" "$UNLOAD" "$DEPLOY" > {vars_file}\n'
         "printf '\\n@@ README done\\n'"
     )
     return "\n".join(parts)
@@ -235,17 +235,21 @@ def test_the_readme_runs_as_written(
     finally:
         stop_group(bash.pid)
 
-    node, job, probe, unload = vars_file.read_text().split()
+    node, job, probe, unload, deployed = vars_file.read_text().split()
     base = f"http://127.0.0.1:{api_port}"
     key = (root / ".modelforge" / "operator_api_key").read_text().strip()
     with httpx.Client(base_url=base, headers={"X-ModelForge-Admin-Token": key}) as client:
         artifact = client.get(f"{ARTIFACT_JOBS}/{job}").json()
         probed = client.get(f"{RUNTIME_JOBS}/{probe}").json()
         unloaded = client.get(f"{RUNTIME_JOBS}/{unload}").json()
+        deployment = client.get(f"{DEPLOYMENTS}/{deployed}").json()
     assert artifact["node_id"] == node and artifact["state"] == "succeeded", artifact
     assert [f["path"] for f in artifact["spec"]["files"]] == [HUB_FILE]
     assert probed["state"] == "succeeded", probed
     assert unloaded["state"] == "succeeded", unloaded
+    # The gateway answered through the deployment (its receipts printed), then drained.
+    assert deployment["state"] == "unloaded", deployment
+    assert f"'x-modelforge-deployment': '{deployed}'" in output, output
     assert (root / ".agent/models" / HUB_REPOSITORY / HUB_COMMIT / HUB_FILE).is_file()
 
     # The local endpoints answered the README's chat completion, within its max_tokens.
