@@ -75,16 +75,8 @@ async def create(session: AsyncSession, request: DeploymentCreate, *, actor: str
         deployment_id=deployment_id,
         model=request.model,
         device_id=request.device_id,
-        artifact_path=run.model.path,
-        artifact_digest=run.model.sha256,
-        profile_id=run.profile.id,
-        profile_version=run.profile.version,
-        settings=run.settings.model_dump(mode="json"),
-        draft_model=run.draft_model,
-        loras=run.loras,
-        environment_id=run.environment.id,
-        binary_sha256=run.environment.binary_sha256,
         max_concurrent=request.max_concurrent,
+        **run.lease_fields(),
     )
     deployment = Deployment(
         id=deployment_id,

@@ -192,6 +192,20 @@ class ResolvedRun:
     draft_model: VerifiedFile | None
     loras: list[ResolvedLora]
 
+    def lease_fields(self) -> dict[str, Any]:
+        """What a probe's and a deployment load's lease both carry of it."""
+        return {
+            "artifact_path": self.model.path,
+            "artifact_digest": self.model.sha256,
+            "profile_id": self.profile.id,
+            "profile_version": self.profile.version,
+            "settings": self.settings.model_dump(mode="json"),
+            "draft_model": self.draft_model,
+            "loras": self.loras,
+            "environment_id": self.environment.id,
+            "binary_sha256": self.environment.binary_sha256,
+        }
+
 
 async def resolve_run(
     session: AsyncSession,
@@ -240,18 +254,7 @@ async def create_probe(session: AsyncSession, request: ProbeCreate, *, actor: st
     run = await resolve_run(
         session, node.id, request.artifact, request.profile_id, request.environment_id
     )
-    spec = ProbeSpec(
-        artifact_path=run.model.path,
-        artifact_digest=run.model.sha256,
-        profile_id=run.profile.id,
-        profile_version=run.profile.version,
-        settings=run.settings.model_dump(mode="json"),
-        draft_model=run.draft_model,
-        loras=run.loras,
-        environment_id=run.environment.id,
-        binary_sha256=run.environment.binary_sha256,
-        device_id=request.device_id,
-    )
+    spec = ProbeSpec(**run.lease_fields(), device_id=request.device_id)
     return await leases.queue(
         session, JobKind.RUNTIME_PROBE, node.id, spec, request.max_attempts, actor=actor
     )

@@ -19,6 +19,7 @@ from schemas.admin import (
 )
 from schemas.agent import NotAppliedReason
 from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult
+from schemas.base import WireModel
 from schemas.deployments import (
     DeploymentFailure,
     DeploymentState,
@@ -41,6 +42,7 @@ from store.deployment_tables import Deployment
 from store.models import Gpu, Job, Node, NodeStream
 
 V = TypeVar("V", bound=JobView)
+K = TypeVar("K", bound=JobView)
 
 
 def node_summary(node: Node, liveness: str) -> NodeSummary:
@@ -191,14 +193,20 @@ _RUNTIME_VIEWS: Final[Mapping[JobKind, type[RuntimeKindView]]] = {
 
 
 def runtime_job_view(job: Job) -> RuntimeKindView:
+    return _phased_job_view(job, _RUNTIME_VIEWS, runtime.spec_of(job), "runtime")
+
+
+def _phased_job_view(job: Job, views: Mapping[JobKind, type[K]], spec: WireModel, family: str) -> K:
+    """A job whose progress is a phase (runtime and deployment kinds), as its kind's
+    view: the kind's spec, and its result typed by store.results.RESULTS."""
     kind = JobKind(job.kind)
-    view = _RUNTIME_VIEWS.get(kind)
+    view = views.get(kind)
     if view is None:
-        raise ValueError(f"{job.kind} is not a runtime job")
+        raise ValueError(f"{job.kind} is not a {family} job")
     return job_view(
         view,
         job,
-        spec=runtime.spec_of(job),
+        spec=spec,
         progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
         result=results.read(job, results.RESULTS[kind]),
     )
@@ -216,17 +224,7 @@ _DEPLOYMENT_VIEWS: Final[Mapping[JobKind, type[DeploymentKindView]]] = {
 
 
 def deployment_job_view(job: Job) -> DeploymentKindView:
-    kind = JobKind(job.kind)
-    view = _DEPLOYMENT_VIEWS.get(kind)
-    if view is None:
-        raise ValueError(f"{job.kind} is not a deployment job")
-    return job_view(
-        view,
-        job,
-        spec=deployments.spec_of(job),
-        progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
-        result=results.read(job, results.RESULTS[kind]),
-    )
+    return _phased_job_view(job, _DEPLOYMENT_VIEWS, deployments.spec_of(job), "deployment")
 
 
 def deployment_view(deployment: Deployment) -> DeploymentView:
