@@ -282,3 +282,34 @@ def test_refusals_404_403_429_and_503_with_retry_after(gateway_api: RunningApi) 
     with gateway_api.client() as client:
         listed = client.get(DEPLOYMENTS, headers=gateway_api.admin_headers).json()["items"]
     assert {d["model"] for d in listed} == {"smol", "pending-model"}
+
+
+def test_across_api_processes_the_invoke_and_its_answer_travel_over_nats(
+    api_factory: ApiFactory, pool: ThreadPoolExecutor
+) -> None:
+    """The client on one API process, the node's channel on a second, its answer stream
+    to a third: the invoke is a NATS request on the node's subject, the answer's frames
+    go to the gateway process's subject, and the fence holds there too."""
+    gateway, holder, answers = (api_factory(gateway_first_token_timeout_s=10) for _ in range(3))
+    with gateway.client() as client:
+        deployed = ready_deployment(client, gateway)
+        secret = service_client(client, gateway)
+    with runtime_channel(holder, deployed.node) as channel:
+
+        def delivered() -> bool:
+            # The holder subscribes for the node once its NATS connection is up.
+            return bool(holder.state.invokes.connected and gateway.state.invokes.connected)
+
+        wait_until(delivered, 20, "both relays on NATS")
+        answered = pool.submit(call, gateway, secret)
+        invoke = channel.next_invoke()
+        assert invoke["gateway"] == gateway.state.invokes.id
+        older = answer_invoke(
+            answers, deployed.node, invoke, b"{}", epoch=invoke["lease"]["epoch"] + 1
+        )
+        assert older.status_code == 409 and older.json()["code"] == "lease_stale"
+        sent = answer_invoke(answers, deployed.node, invoke, completion("far"))
+        assert sent.status_code == 200 and sent.json()["accepted"], sent.text
+        response = answered.result(20)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "far"
