@@ -1,0 +1,377 @@
+"""The gateway against calling the same llama-server directly, in the same run.
+
+    python ops/bench/gateway.py [--requests 40 --concurrency 1,4,16]
+
+All real, on loopback: `modelforge up` in a temp data dir (tests/up_process.py), a
+Hub-layout server with the cached SmolLM2 GGUF (tests/hub_server.py), an agent that
+acquires it through an artifact job and a runtime worker beside it
+(tests/runtime/probing.py), a profile (ctx_size 2048, threads 2, parallel 4), a
+deployment `smol` (max_concurrent 64, so llama-server queues on both paths) and a
+service client. The direct baseline is a second plain llama-server this script starts
+with the same model and flags (`--parallel 4 -c 2048 -t 2`) on a free port.
+
+Streaming chat completions (max_tokens 16, temperature 0, one fixed prompt) with httpx
+async clients, N requests per round at each concurrency, alternating direct and gateway
+rounds (2 each). Per concurrency: TTFT p50/p99 both ways and the added ms, streamed
+tokens/s (content chunks over the round's wall time; tokens per request printed too)
+gateway / direct, invokes/s both ways, and the API process's CPU seconds per invoke
+(psutil, gateway rounds; its background CPU during direct rounds printed beside it).
+Goals: added TTFT p50 < 10 ms, p99 < 30 ms, tokens/s ratio >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))  # tests.*: the processes and flows reused here
+import runtime as runtime_bench  # noqa: E402  (sibling bench module: _built)
+
+from schemas.protocol import (  # noqa: E402
+    DEPLOYMENTS,
+    GATEWAY_CHAT_COMPLETIONS,
+    RUNTIME_PROFILES,
+    SERVICE_CLIENTS,
+)
+from stack.ports import free_port  # noqa: E402
+from tests.agent.harness import AgentProcess, wait_until  # noqa: E402
+from tests.api_server import RunningApi  # noqa: E402
+from tests.hub_server import HubServer  # noqa: E402
+from tests.runtime.harness import RuntimeProcess  # noqa: E402
+from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode, node_with_model  # noqa: E402
+from tests.up_process import UpProcess, child_pid  # noqa: E402
+
+MODEL = "smol"
+MAX_TOKENS = 16
+PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
+GOAL_P50_MS, GOAL_P99_MS, GOAL_RATIO = 10.0, 30.0, 0.95
+
+
+class StackApi:
+    """What the tests' flows use of RunningApi, for the API that `up` runs."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        self.base_url = base_url
+        self.key = key
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"X-ModelForge-Admin-Token": self.key}
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30, trust_env=False, **kwargs)
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self.client() as client:
+            response = client.post(path, json=body, headers=self.admin_headers)
+        if response.status_code not in (200, 201):
+            raise SystemExit(f"POST {path}: {response.status_code} {response.text}")
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def get(self, path: str) -> dict[str, Any]:
+        with self.client() as client:
+            response = client.get(path, headers=self.admin_headers)
+        response.raise_for_status()
+        answer: dict[str, Any] = response.json()
+        return answer
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    up: UpProcess | None = None
+    hub: HubServer | None = None
+    agents: list[AgentProcess] = field(default_factory=list)
+    runtimes: list[RuntimeProcess] = field(default_factory=list)
+    direct: subprocess.Popen[bytes] | None = None
+
+    def start_agent(self, config: Path) -> AgentProcess:
+        agent = AgentProcess(config, config.with_suffix(".log"))
+        self.agents.append(agent)
+        return agent
+
+    def start_runtime(self, name: str = "rt", **settings: Any) -> RuntimeProcess:
+        directory = self.workdir / name
+        directory.mkdir(exist_ok=True)
+        process = RuntimeProcess(directory, settings)
+        self.runtimes.append(process)
+        return process.start()
+
+    def stop(self) -> None:
+        """SIGTERM everything started, the direct server first; kill what stays."""
+        if self.direct is not None and self.direct.poll() is None:
+            self.direct.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.direct.wait(timeout=10)
+            if self.direct.poll() is None:
+                self.direct.kill()
+        for rt in self.runtimes:
+            with contextlib.suppress(Exception):
+                rt.stop(timeout_s=30)
+            rt.kill()
+            for pidfile in rt.run_dir.glob("llama-server-*.json"):
+                with contextlib.suppress(Exception):
+                    os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+        for agent in self.agents:
+            with contextlib.suppress(Exception):
+                agent.stop()
+            agent.kill()
+        if self.up is not None:
+            self.up.proc.send_signal(signal.SIGTERM)
+            try:
+                self.up.finish(90)
+            except subprocess.TimeoutExpired:
+                self.up.kill()
+        if self.hub is not None:
+            self.hub.stop()
+
+
+def setup(stack: Stack, binary: Path, model: Path) -> tuple[StackApi, str, int, str]:
+    """The stack up to a ready deployment: (api, client secret, API pid, direct url)."""
+    port = free_port()
+    stack.up = UpProcess(stack.workdir / "data", port)
+    stack.up.wait_for(r"Operator key: ", timeout_s=180)
+    key = (stack.workdir / "data" / "operator_api_key").read_text().strip()
+    api = StackApi(f"http://127.0.0.1:{port}", key)
+    stack.hub = HubServer().start()
+    running = cast(RunningApi, api)  # the flows use base_url, admin_headers, client()
+    node_id, model_file, state = node_with_model(
+        running, stack.start_agent, stack.hub, stack.workdir, model
+    )
+    node = ProbeNode(running, node_id, model_file, state, binary, stack.start_runtime)
+    _, environment_id = node.runtime()
+    settings = {"ctx_size": 2048, "threads": 2, "server_args": {"parallel": 4}}
+    profile = api.post(RUNTIME_PROFILES, {"name": "bench-gateway", "settings": settings})
+    deployment = api.post(DEPLOYMENTS, {
+        "node_id": node_id, "device_id": "cpu", "profile_id": profile["id"],
+        "environment_id": environment_id, "model": MODEL, "roles": ["planner"],
+        "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
+        "max_concurrent": 64,
+    })  # fmt: skip
+
+    def ready() -> bool:
+        state = api.get(f"{DEPLOYMENTS}/{deployment['id']}")["state"]
+        if state == "failed":
+            raise SystemExit(f"the deployment failed: {api.get(DEPLOYMENTS)}")
+        return bool(state == "ready")
+
+    wait_until(ready, 180, "the deployment to be ready")
+    client = api.post(SERVICE_CLIENTS, {"name": "bench", "models": [MODEL]})
+    api_pid = child_pid(stack.up, "modelforge api")
+
+    direct_port = free_port()
+    argv = [str(binary), "--model", str(model_file), "--host", "127.0.0.1",
+            "--port", str(direct_port), "--alias", MODEL, "--ctx-size", "2048",
+            "--threads", "2", "--parallel", "4"]  # fmt: skip
+    log = (stack.workdir / "direct-llama.log").open("wb")
+    stack.direct = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    direct_url = f"http://127.0.0.1:{direct_port}"
+
+    def healthy() -> bool:
+        assert stack.direct is not None
+        if stack.direct.poll() is not None:
+            raise SystemExit(f"the direct llama-server exited; see {log.name}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{direct_url}/health", timeout=1, trust_env=False).is_success
+        return False
+
+    wait_until(healthy, 60, "the direct llama-server")
+    return api, str(client["secret"]), api_pid, direct_url
+
+
+@dataclass
+class Result:
+    ttft: float | None
+    total: float
+    tokens: int
+    error: str | None = None
+
+
+async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Result:
+    body = {"model": MODEL, "messages": PROMPT, "max_tokens": MAX_TOKENS,
+            "temperature": 0, "stream": True}  # fmt: skip
+    started = time.perf_counter()
+    ttft: float | None = None
+    tokens = 0
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return Result(None, time.perf_counter() - started, 0, str(response.status_code))
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return Result(ttft, time.perf_counter() - started, tokens, "stream error")
+            choices = chunk.get("choices") or [{}]
+            if (choices[0].get("delta") or {}).get("content"):
+                tokens += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+    return Result(ttft, time.perf_counter() - started, tokens)
+
+
+async def run_round(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], n: int, concurrency: int
+) -> tuple[list[Result], float]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def bounded() -> Result:
+        async with gate:
+            try:
+                return await one(client, url, headers)
+            except httpx.HTTPError as error:
+                return Result(None, 0.0, 0, type(error).__name__)
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(bounded() for _ in range(n)))
+    return list(results), time.perf_counter() - started
+
+
+def pct(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+@dataclass
+class Side:
+    results: list[Result] = field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def ttfts_ms(self) -> list[float]:
+        return [r.ttft * 1000 for r in self.results if r.ttft is not None and not r.error]
+
+    def errors(self) -> int:
+        return sum(1 for r in self.results if r.error)
+
+    def tokens_per_s(self) -> float:
+        return sum(r.tokens for r in self.results) / self.wall
+
+    def tokens_per_request(self) -> float:
+        served = [r.tokens for r in self.results if not r.error]
+        return statistics.mean(served) if served else 0.0
+
+    def invokes_per_s(self) -> float:
+        return (len(self.results) - self.errors()) / self.wall
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of the API process and any children it has."""
+    total = 0.0
+    for each in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = each.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def measure(
+    gateway: str, secret: str, direct: str, api_pid: int, requests: int, levels: list[int]
+) -> list[tuple[int, Side, Side]]:
+    api_proc = psutil.Process(api_pid)
+    targets = {
+        "direct": (f"{direct}/v1/chat/completions", {}),
+        "gateway": (f"{gateway}{GATEWAY_CHAT_COMPLETIONS}", {"Authorization": f"Bearer {secret}"}),
+    }
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    rows = []
+    async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
+        for name, (url, headers) in targets.items():  # warm-up, and a check of both paths
+            warm, _ = await run_round(client, url, headers, 4, 4)
+            if any(r.error for r in warm):
+                raise SystemExit(f"{name} warm-up failed: {[r.error for r in warm]}")
+        for concurrency in levels:
+            sides = {"direct": Side(), "gateway": Side()}
+            for index in range(4):  # direct, gateway, gateway, direct
+                name = ("direct", "gateway")[index in (1, 2)]
+                url, headers = targets[name]
+                before = cpu_s(api_proc)
+                results, wall = await run_round(client, url, headers, requests, concurrency)
+                side = sides[name]
+                side.results += results
+                side.wall += wall
+                side.cpu += cpu_s(api_proc) - before
+            rows.append((concurrency, sides["direct"], sides["gateway"]))
+    return rows
+
+
+def report(rows: list[tuple[int, Side, Side]]) -> None:
+    print("baseline: a second plain llama-server started by this bench, same model and "
+          "flags (--parallel 4 -c 2048 -t 2)")  # fmt: skip
+    print(f"goals: added TTFT p50 < {GOAL_P50_MS:g} ms, p99 < {GOAL_P99_MS:g} ms; "
+          f"tokens/s ratio >= {GOAL_RATIO}")  # fmt: skip
+    head = (f"{'conc':>4} {'TTFT p50 d/g ms':>17} {'+p50':>7} {'TTFT p99 d/g ms':>17} "
+            f"{'+p99':>7} {'tok/s g/d':>9} {'inv/s d/g':>11} {'API cpu ms/inv':>14} "
+            f"{'bg cpu %':>8} {'tok/req d/g':>11} {'err d/g':>7}")  # fmt: skip
+    print(head)
+    for concurrency, d, g in rows:
+        dt, gt = d.ttfts_ms(), g.ttfts_ms()
+        add50, add99 = pct(gt, 50) - pct(dt, 50), pct(gt, 99) - pct(dt, 99)
+        ratio = g.tokens_per_s() / d.tokens_per_s()
+        ok = add50 < GOAL_P50_MS and add99 < GOAL_P99_MS and ratio >= GOAL_RATIO
+        served = max(1, len(g.results) - g.errors())
+        print(
+            f"{concurrency:>4} {pct(dt, 50):>8.1f}/{pct(gt, 50):<8.1f} {add50:>+7.1f} "
+            f"{pct(dt, 99):>8.1f}/{pct(gt, 99):<8.1f} {add99:>+7.1f} {ratio:>9.3f} "
+            f"{d.invokes_per_s():>5.2f}/{g.invokes_per_s():<5.2f} "
+            f"{g.cpu / served * 1000:>14.2f} {100 * d.cpu / d.wall:>8.1f} "
+            f"{d.tokens_per_request():>5.1f}/{g.tokens_per_request():<5.1f} "
+            f"{d.errors():>3}/{g.errors():<3} {'ok' if ok else 'MISS'}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=40, help="per round")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    args = parser.parse_args()
+    levels = [int(level) for level in args.concurrency.split(",")]
+    binary = runtime_bench._built()
+    model = runtime_bench._built("--model")
+    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-gateway-"))
+    stack = Stack(workdir)
+    keep = args.keep
+    try:
+        api, secret, api_pid, direct = setup(stack, binary, model)
+        rows = asyncio.run(measure(api.base_url, secret, direct, api_pid, args.requests, levels))
+        report(rows)
+    except BaseException:
+        keep = True  # the logs (up's output, agent.log, rt/runtime.log) for the failure
+        if stack.up is not None:
+            print(stack.up.output[-3000:], file=sys.stderr)
+        raise
+    finally:
+        stack.stop()
+        if keep:
+            print(f"logs in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
