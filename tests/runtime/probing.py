@@ -52,10 +52,11 @@ def runtime_beside(
     state: Path,
     binary: Path,
     roots: list[Path],
+    name: str = "runtime",
     **extra: Any,
 ) -> RuntimeProcess:
     """A runtime worker beside the agent whose state dir is `state` and whose artifact
-    roots are `roots`."""
+    roots are `roots` (`name`: its directory, for several on one test)."""
     settings: dict[str, Any] = {
         "api_url": api.base_url,
         "state_dir": str(state),
@@ -68,7 +69,7 @@ def runtime_beside(
         "llama_server_probe_interval_s": 0.05,
         "trust_env": False,
     }
-    return runtimes("runtime", **{**settings, **extra})
+    return runtimes(name, **{**settings, **extra})
 
 
 @dataclass
