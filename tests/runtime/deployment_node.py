@@ -57,7 +57,9 @@ class StandIn:
     def __init__(self) -> None:
         self.streams: dict[str, list[Streamed]] = {}
         self.answer = 200
-        # Answered before the body is read (the API refusing a stream at once).
+        # Answered before the body is read, closing the connection (the API refusing a
+        # stream at once: without the close, uvicorn would read on and the node would
+        # see the refusal only at the end of its upload).
         self.refuse_at_once: int | None = None
         self.hold = asyncio.Event()
         self.hold.set()
@@ -68,7 +70,7 @@ class StandIn:
         self.streams.setdefault(request.path_params["invoke_id"], []).append(streamed)
         if self.refuse_at_once is not None:
             streamed.ended.set()
-            return Response(status_code=self.refuse_at_once)
+            return Response(status_code=self.refuse_at_once, headers={"Connection": "close"})
         try:
             async for chunk in request.stream():
                 if chunk:

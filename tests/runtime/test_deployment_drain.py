@@ -130,7 +130,7 @@ async def test_answers_stream_back_and_a_cancel_or_a_refused_stream_frees_the_de
     assert await generating(server)
     assert invokes.cancel(long.invoke_id)
     await until(lambda: not invokes.running, 5, "the cancelled invoke's end")
-    await until_idle(server, 2)
+    await until_idle(server, 5)
     assert worker.deployments[deployment_id].in_flight == 0
 
     # The API refusing the stream (the gateway retried elsewhere: 409) stops it too.
@@ -138,7 +138,7 @@ async def test_answers_stream_back_and_a_cancel_or_a_refused_stream_frees_the_de
     refused = invoke(deployment_id, messages=STORY, max_tokens=2000, stream=True)
     outcome = await asyncio.wait_for(asyncio.create_task(run_invoke(worker, client, refused)), 30)
     assert outcome == "stream refused"
-    await until_idle(server, 2)
+    await until_idle(server, 5)
 
 
 async def test_a_drain_lets_invokes_finish_and_an_unload_cuts_them(
