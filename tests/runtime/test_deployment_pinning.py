@@ -119,8 +119,10 @@ async def test_a_loaded_deployment_pins_its_device(
     health = Reports()
     checked = target_claim(JobKind.DEPLOYMENT_HEALTH, deployment_id)
     assert await DeploymentJob(checked, health, worker).run() == "completed"
-    assert health.completed == [HealthComplete(lease=health.completed[0].lease, health=HEALTHY,
-                                               in_flight=0)]  # fmt: skip
+    [healthy] = health.completed
+    assert healthy == HealthComplete(
+        kind=JobKind.DEPLOYMENT_HEALTH, lease=healthy.lease, health=HEALTHY, in_flight=0
+    )
     absent = Reports()
     unknown = target_claim(JobKind.DEPLOYMENT_HEALTH, uuid.uuid4())
     assert await DeploymentJob(unknown, absent, worker).run() == "completed"
