@@ -18,9 +18,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Discriminator, Field, Strict, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag
 
-from schemas.base import Count, Number, Text, WireModel
+from schemas.base import Count, Number, Text, WireModel, json_integer
 from schemas.jobs import Attempts, JobKind, JobView, Lease, LeaseFence
 from schemas.runtime import (
     ArtifactRef,
@@ -55,7 +55,7 @@ RoleName = Annotated[
     str, Strict(), Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 ]
 Roles = Annotated[list[RoleName], Field(max_length=16)]
-Concurrency = Annotated[int, Strict(), Field(ge=1, le=256)]
+Concurrency = Annotated[int, Strict(), Field(ge=1, le=256), BeforeValidator(json_integer)]
 DeadlineSeconds = Annotated[Number, Field(ge=0, le=3600)]
 
 
@@ -194,14 +194,14 @@ class LoadComplete(WireModel):
 
 
 class HealthComplete(WireModel):
-    kind: Literal[JobKind.DEPLOYMENT_HEALTH] = JobKind.DEPLOYMENT_HEALTH
+    kind: Literal[JobKind.DEPLOYMENT_HEALTH]
     lease: LeaseFence
     health: ServerHealth
     in_flight: Count
 
 
 class DrainComplete(WireModel):
-    kind: Literal[JobKind.DEPLOYMENT_DRAIN] = JobKind.DEPLOYMENT_DRAIN
+    kind: Literal[JobKind.DEPLOYMENT_DRAIN]
     lease: LeaseFence
     # Invokes that finished within the deadline, and those still running at it (cut).
     finished: Count
@@ -210,7 +210,7 @@ class DrainComplete(WireModel):
 
 
 class UnloadComplete(WireModel):
-    kind: Literal[JobKind.DEPLOYMENT_UNLOAD] = JobKind.DEPLOYMENT_UNLOAD
+    kind: Literal[JobKind.DEPLOYMENT_UNLOAD]
     lease: LeaseFence
     # False: it was not loaded here (a restarted worker), which is as good.
     unloaded: bool
@@ -219,8 +219,10 @@ class UnloadComplete(WireModel):
 
 
 def _completed_kind(value: Any) -> str | None:
+    """The body's kind; a load's when it names none (the only one whose `kind` may be
+    left out, so the JSON Schema says exactly what is taken)."""
     if isinstance(value, dict):
-        kind = value.get("kind")
+        kind = value.get("kind", JobKind.DEPLOYMENT_LOAD.value)
         return kind if isinstance(kind, str) else None
     if isinstance(value, LoadComplete | HealthComplete | DrainComplete | UnloadComplete):
         return value.kind.value

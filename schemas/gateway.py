@@ -13,9 +13,9 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, Strict
+from pydantic import BeforeValidator, Field, Strict
 
-from schemas.base import Flag, Number, WireModel
+from schemas.base import Flag, Number, WireModel, json_integer
 from schemas.jobs import JobKind, LeaseFence
 
 MAX_TOKENS_CEILING: Final = 8192
@@ -23,8 +23,10 @@ MAX_TOKENS_CEILING: Final = 8192
 # reaches llama-server only as a JSON string).
 Content = Annotated[str, Strict(), Field(max_length=65_536)]
 StopText = Annotated[str, Strict(), Field(min_length=1, max_length=64)]
-TokenBound = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_CEILING)]
-Seed = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+TokenBound = Annotated[
+    int, Strict(), Field(ge=1, le=MAX_TOKENS_CEILING), BeforeValidator(json_integer)
+]
+Seed = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1), BeforeValidator(json_integer)]
 ModelField = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
 # The gateway process an invoke's answer goes back to (its instance id).
 GatewayId = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{32}$")]

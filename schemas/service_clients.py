@@ -10,9 +10,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, Strict, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, model_validator
 
-from schemas.base import Name, WireModel
+from schemas.base import Name, WireModel, json_integer
 from schemas.deployments import Roles, ServedModel
 
 
@@ -22,13 +22,28 @@ class ServiceClientState(StrEnum):
 
 
 class ServiceClientCreate(WireModel):
+    # At least one model or role: said in the JSON Schema too, so a client's validator
+    # and ours agree.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["models"], "properties": {"models": {"minItems": 1}}},
+                {"required": ["roles"], "properties": {"roles": {"minItems": 1}}},
+            ]
+        }
+    )
+
     name: Name
     models: Annotated[list[ServedModel], Field(max_length=64)] = Field(default_factory=list)
     roles: Roles = Field(default_factory=list)
     # Requests at once, across this client's calls (per API process).
-    max_concurrent: Annotated[int, Strict(), Field(ge=1, le=10_000)] | None = None
+    max_concurrent: (
+        Annotated[int, Strict(), Field(ge=1, le=10_000), BeforeValidator(json_integer)] | None
+    ) = None
     # Requests per minute (per API process).
-    rate_per_minute: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] | None = None
+    rate_per_minute: (
+        Annotated[int, Strict(), Field(ge=1, le=1_000_000), BeforeValidator(json_integer)] | None
+    ) = None
 
     @model_validator(mode="after")
     def _scoped(self) -> ServiceClientCreate:

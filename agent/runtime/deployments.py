@@ -171,17 +171,38 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
         if claim.kind == JobKind.DEPLOYMENT_HEALTH:
             self.phase = "probing"
             if deployed is None:
-                return HealthComplete(lease=self.fence, health=NOTHING, in_flight=0)
+                return HealthComplete(
+                    kind=JobKind.DEPLOYMENT_HEALTH, lease=self.fence, health=NOTHING, in_flight=0
+                )
             health = await server_health(deployed.server)
-            return HealthComplete(lease=self.fence, health=health, in_flight=deployed.in_flight)
+            return HealthComplete(
+                kind=JobKind.DEPLOYMENT_HEALTH,
+                lease=self.fence,
+                health=health,
+                in_flight=deployed.in_flight,
+            )
         if deployed is None:
             if claim.kind == JobKind.DEPLOYMENT_DRAIN:
-                return DrainComplete(lease=self.fence, finished=0, cut=0)
-            return UnloadComplete(lease=self.fence, unloaded=False)
+                return DrainComplete(
+                    kind=JobKind.DEPLOYMENT_DRAIN, lease=self.fence, finished=0, cut=0
+                )
+            return UnloadComplete(kind=JobKind.DEPLOYMENT_UNLOAD, lease=self.fence, unloaded=False)
         finished, cut, settle = await self._drain(deployed, claim.spec.deadline_s)
         if claim.kind == JobKind.DEPLOYMENT_DRAIN:
-            return DrainComplete(lease=self.fence, finished=finished, cut=cut, settle_s=settle)
-        return UnloadComplete(lease=self.fence, unloaded=True, cut=cut, settle_s=settle)
+            return DrainComplete(
+                kind=JobKind.DEPLOYMENT_DRAIN,
+                lease=self.fence,
+                finished=finished,
+                cut=cut,
+                settle_s=settle,
+            )
+        return UnloadComplete(
+            kind=JobKind.DEPLOYMENT_UNLOAD,
+            lease=self.fence,
+            unloaded=True,
+            cut=cut,
+            settle_s=settle,
+        )
 
     async def _load(self, claim: LoadClaim) -> LoadComplete:
         spec = claim.spec

@@ -9,7 +9,6 @@ both between API processes."""
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Annotated
@@ -22,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from api.deps import State, node_outside_transaction
 from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
 from api.gateway.relay import Ended, Opened, Verdict
-from schemas.base import WireModel
+from schemas.base import SAFE_INT_MAX, WireModel
 from schemas.errors import ErrorCode
 from schemas.protocol import (
     INVOKE_EPOCH_HEADER,
@@ -32,7 +31,6 @@ from schemas.protocol import (
     INVOKE_STREAM,
     RUNTIME_CHANNEL,
 )
-from store.errors import Invalid
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
 # An answer is bounded by its token bound; this only stops a node streaming for ever.
@@ -110,44 +108,22 @@ def _refusal(verdict: Verdict) -> ApiError:
     return NotFound("no gateway waits on this invoke", code=ErrorCode.NOT_FOUND)
 
 
-_GATEWAY = re.compile(r"^[0-9a-f]{32}$")
-
-
-def _lease(
-    lease_id: str | None, epoch: str | None, gateway: str | None, status: str | None
-) -> tuple[uuid.UUID, int, str, int]:
-    """The lease, gateway and status an answer stream names (422 for what is none)."""
-    try:
-        lease, number, code = uuid.UUID(lease_id or ""), int(epoch or ""), int(status or "")
-    except ValueError:
-        lease, number, code = uuid.UUID(int=0), 0, 0
-    if not (1 <= number < 2**53 and 100 <= code <= 599 and _GATEWAY.match(gateway or "")):
-        raise Invalid(
-            "the answer stream needs its lease id, epoch, gateway and upstream status",
-            code=ErrorCode.VALIDATION_FAILED,
-        )
-    return lease, number, str(gateway), code
-
-
 @router.post(INVOKE_STREAM, responses=error_responses(404, 409))
 async def invoke_stream(
     invoke_id: uuid.UUID,
     request: Request,
     state: State,
+    lease_id: Annotated[uuid.UUID, Header(alias=INVOKE_LEASE_HEADER)],
+    epoch: Annotated[int, Header(alias=INVOKE_EPOCH_HEADER, ge=1, le=SAFE_INT_MAX)],
+    gateway: Annotated[str, Header(alias=INVOKE_GATEWAY_HEADER, pattern=r"^[0-9a-f]{32}$")],
+    status: Annotated[int, Header(alias=INVOKE_STATUS_HEADER, ge=100, le=599)],
     authorization: Annotated[str | None, Header()] = None,
-    x_modelforge_lease: Annotated[str | None, Header(alias=INVOKE_LEASE_HEADER)] = None,
-    x_modelforge_epoch: Annotated[str | None, Header(alias=INVOKE_EPOCH_HEADER)] = None,
-    x_modelforge_gateway: Annotated[str | None, Header(alias=INVOKE_GATEWAY_HEADER)] = None,
-    x_modelforge_status: Annotated[str | None, Header(alias=INVOKE_STATUS_HEADER)] = None,
 ) -> StreamAnswer:
     """llama-server's answer to a leased invoke, as it comes (the request body), relayed
     to the gateway process that holds the client. Refused before any byte is read: an
     invoke no gateway waits on (404), another node's (403), a lease that is not the
     invoke's current one (409: the gateway retried elsewhere)."""
     node_id = (await node_outside_transaction(state, authorization)).node_id
-    lease_id, epoch, gateway, status = _lease(
-        x_modelforge_lease, x_modelforge_epoch, x_modelforge_gateway, x_modelforge_status
-    )
     content_type = request.headers.get("content-type", "application/octet-stream")[:100]
     verdict, sink = await state.invokes.open_stream(
         node_id=node_id,
