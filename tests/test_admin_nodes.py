@@ -132,6 +132,8 @@ def test_node_detail(api: RunningApi) -> None:
             )
         )
 
+        # A worker applies accepted inventory: wait for it, not for luck.
+        api.settle()
         view = get_node(client, api, node.node_id)
         assert view["hostname"] == "detail-host" and view["display_name"] == "Detail"
         assert view["labels"] == {"rack": "r3"}
