@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from agent.state import Identity
 
 logger = logging.getLogger("modelforge.runtime")
+# Every invoke in flight holds one connection for its answer stream, beside the
+# channel and the claim loops: a small pool queued the 11th concurrent answer behind
+# the first ten (measured: +370 ms time to first token at 16 clients).
+CONTROL_PLANE_CONNECTIONS = 256
 
 
 def _stderr(message: str) -> None:
@@ -142,7 +146,11 @@ async def _control_plane(config: RuntimeConfig, worker: RuntimeWorker, stop: asy
     )
     tls = TlsOptions(config.ca_bundle, config.client_cert, config.client_key)
     async with make_http_client(
-        config.api_url, tls=tls, timeout_s=config.request_timeout_s, trust_env=config.trust_env
+        config.api_url,
+        tls=tls,
+        timeout_s=config.request_timeout_s,
+        trust_env=config.trust_env,
+        max_connections=CONTROL_PLANE_CONNECTIONS,
     ) as http:
         client = ProtocolClient(http, identity.credential)
 

@@ -100,12 +100,24 @@ class StreamAnswer(WireModel):
     bytes: int
 
 
+# A refusal comes before the body is read: closing the connection tells the node at
+# once, where a kept-alive one would have the server read (and the node send) the
+# whole unwanted answer first.
+_CLOSE = {"Connection": "close"}
+
+
 def _refusal(verdict: Verdict) -> ApiError:
     if verdict == Verdict.NOT_OWNED:
-        return Forbidden("this invoke is another node's", code=ErrorCode.JOB_NOT_OWNED)
+        return Forbidden(
+            "this invoke is another node's", code=ErrorCode.JOB_NOT_OWNED, headers=_CLOSE
+        )
     if verdict == Verdict.STALE:
-        return Conflict("this lease is not the invoke's current one", code=ErrorCode.LEASE_STALE)
-    return NotFound("no gateway waits on this invoke", code=ErrorCode.NOT_FOUND)
+        return Conflict(
+            "this lease is not the invoke's current one",
+            code=ErrorCode.LEASE_STALE,
+            headers=_CLOSE,
+        )
+    return NotFound("no gateway waits on this invoke", code=ErrorCode.NOT_FOUND, headers=_CLOSE)
 
 
 @router.post(INVOKE_STREAM, responses=error_responses(404, 409))

@@ -29,11 +29,12 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, NoReturn
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from api.deps import State
 from api.errors import Forbidden, NotFound, ServiceUnavailable, TooManyRequests
@@ -145,12 +146,35 @@ async def chat_completions(
     except BaseException:
         admission.release()
         raise
-    if isinstance(response, StreamingResponse):
-        # Released when the stream ends (the call's generator owns it from now on).
-        call.on_close = admission.release
+    if isinstance(response, _RelayedStream):
+        # Released when the stream ends (the response owns it from now on).
+        response.on_finish(admission.release)
     else:
         admission.release()
     return response
+
+
+class _RelayedStream(StreamingResponse):
+    """A relayed stream whose cleanup runs however the response ends, including when
+    its body never starts (the client left before the headers went out): a generator's
+    `finally` runs only once the generator has started."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
+                 headers: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._cleanups: list[Callable[[], Awaitable[None] | None]] = [cleanup]
+
+    def on_finish(self, release: Callable[[], None]) -> None:
+        self._cleanups.append(release)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for cleanup in self._cleanups:
+                done = cleanup()
+                if done is not None:
+                    await done
 
 
 class _Call:
@@ -164,7 +188,6 @@ class _Call:
         self.relay = state.invokes
         self.settings = state.settings
         self.stream = body.stream
-        self.on_close: object = None
         self.invoke_id = uuid.uuid4()
 
     def _outcome(self, outcome: str) -> None:
@@ -271,7 +294,7 @@ class _Call:
                     if refused != "deployment_busy":
                         self._cool_down(choice, refused)
                     return "busy" if refused == "deployment_busy" else "refused"
-                return await self._passthrough(first, pending, choice, overhead_s)
+                self._passthrough(first, pending)
             headers = self._receipts(choice, overhead_s)
             if self.stream:
                 response = await self._streamed(pending, choice, first, headers, request)
@@ -314,9 +337,7 @@ class _Call:
             ROUTE_OVERHEAD_HEADER: f"{overhead_s * 1000:.2f}",
         }
 
-    async def _passthrough(
-        self, opened: Opened, pending: Pending, choice: Choice, overhead_s: float
-    ) -> Response:
+    def _passthrough(self, opened: Opened, pending: Pending) -> NoReturn:
         """llama-server refused the request itself (a 400 for what it cannot take):
         no other deployment would answer otherwise."""
         self.relay.forget(pending)
@@ -387,41 +408,55 @@ class _Call:
             self._cool_down(choice, reason or "ended_before_first_token")
             self.state.metrics.invoke_attempts.labels("timeout").inc()
             return "lost"
-        return StreamingResponse(
-            self._relay_stream(pending, choice, first),
-            media_type="text/event-stream",
+        ending = _Ending(self, pending, choice)
+        return _RelayedStream(
+            self._relay_stream(pending, choice, first, ending),
+            ending.close,
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
     async def _relay_stream(
-        self, pending: Pending, choice: Choice, first: bytes
+        self, pending: Pending, choice: Choice, first: bytes, ending: _Ending
     ) -> AsyncIterator[bytes]:
-        route = choice.route
-        finished = False
-        try:
-            yield first
-            while True:
-                frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
-                if isinstance(frame, bytes):
-                    yield frame
-                    continue
-                if isinstance(frame, Ended) and frame.ok:
-                    finished = True
-                    self._outcome("ok")
-                    return
-                code = ErrorCode.TOKEN_GAP_TIMEOUT if frame is None else ErrorCode.NODE_LOST
-                self._cool_down(choice, code.value)
-                self._outcome(code.value)
-                yield _stream_error(code, "the deployment stopped answering mid-stream")
+        yield first
+        while True:
+            frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
+            if isinstance(frame, bytes):
+                yield frame
+                continue
+            if isinstance(frame, Ended) and frame.ok:
+                ending.finished = True
+                self._outcome("ok")
                 return
+            code = ErrorCode.TOKEN_GAP_TIMEOUT if frame is None else ErrorCode.NODE_LOST
+            self._cool_down(choice, code.value)
+            self._outcome(code.value)
+            yield _stream_error(code, "the deployment stopped answering mid-stream")
+            return
+
+
+class _Ending:
+    """What a relayed stream leaves behind, undone once however the stream ends."""
+
+    def __init__(self, call: _Call, pending: Pending, choice: Choice) -> None:
+        self.call = call
+        self.pending = pending
+        self.route = choice.route
+        self.finished = False
+        self._closed = False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        relay = self.call.relay
+        try:
+            if not self.finished:
+                # The client left (or never read): stop the node's work at once.
+                await relay.cancel(self.route.node_id, self.call.invoke_id)
         finally:
-            if not finished:
-                # The client left (or the stream failed): stop the node's work at once.
-                await self.relay.cancel(route.node_id, self.invoke_id)
-            self.relay.forget(pending)
-            self.relay.in_flight[route.deployment_id] -= 1
-            if callable(self.on_close):
-                self.on_close()
+            relay.forget(self.pending)
+            relay.in_flight[self.route.deployment_id] -= 1
 
 
 def _stream_error(code: ErrorCode, message: str) -> bytes:
