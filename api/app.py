@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from api.admin.routes import router as admin_router
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
+from api.gateway.cache import database_routes, gateway_cache
 from api.gateway.limits import ClientLimits
 from api.gateway.relay import invoke_relay
 from api.gateway.routes import router as gateway_router
@@ -57,6 +58,11 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
         try:
             async with (
                 node_cache(settings.database_url) as cache,
+                gateway_cache(
+                    settings.database_url,
+                    database_routes(sessions),
+                    routes_max_age_s=settings.gateway_routes_max_age_s,
+                ) as gateway,
                 notification_hub(settings.nats_url) as notifications,
                 invoke_relay(
                     settings.nats_url, delivery_timeout_s=settings.gateway_delivery_timeout_s
@@ -84,6 +90,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     held_streams=held,
                     invokes=invokes,
                     client_limits=ClientLimits(),
+                    gateway_cache=gateway,
                 )
                 yield
         finally:

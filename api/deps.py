@@ -29,7 +29,7 @@ from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER
-from store import nodes
+from store import nodes, service_clients
 
 State = Annotated[ApiState, Depends(get_state)]
 
@@ -44,6 +44,8 @@ async def _committed(state: ApiState) -> AsyncIterator[AsyncSession]:
         # cache read that began before the commit is then never stored (api/node_cache.py).
         for node_id in nodes.changed_standing(session):
             state.node_cache.forget_node(node_id)
+        for client_id in service_clients.changed(session):
+            state.gateway_cache.forget_client(client_id)
 
 
 async def _transaction(state: State) -> AsyncIterator[AsyncSession]:

@@ -78,6 +78,9 @@ class ApiSettings(LeaseSettings):
     gateway_delivery_timeout_s: float = Field(default=2.0, gt=0)
     # Deployments tried per request, before the first byte reached the client.
     gateway_attempts: int = Field(default=3, ge=1, le=10)
+    # How long the gateway's routing table is trusted without a notification: node
+    # liveness and probe evidence do not notify it (api/gateway/cache.py).
+    gateway_routes_max_age_s: float = Field(default=1.0, gt=0, le=60)
     # A deployment that failed or timed out an invoke is not routed to for this long.
     gateway_cooldown_s: float = Field(default=10.0, ge=0)
     # A token bound for a request that names none.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
@@ -21,6 +22,9 @@ from broker.jetstream.names import Names
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 
+if TYPE_CHECKING:  # it reads service clients (api/gateway/auth.py), which reach this state
+    from api.gateway.cache import GatewayCache
+
 
 @dataclass
 class ApiState:
@@ -36,6 +40,7 @@ class ApiState:
     held_streams: HeldStreams
     invokes: InvokeRelay
     client_limits: ClientLimits
+    gateway_cache: GatewayCache
 
     @property
     def leases(self) -> LeasePolicy:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Float, func, or_, select, update
+from sqlalchemy import Float, func, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.deployments import (
@@ -610,6 +610,8 @@ class Route:
     queue_depth: int
     max_concurrent: int
     cooling: bool
+    # Seconds of cooldown left when read (0: none), for a reader that keeps the route.
+    cooldown_left_s: float
     # The best probe evidence of what it serves (None: never probed).
     time_to_first_token_s: float | None
     generation_tokens_per_s: float | None
@@ -619,14 +621,17 @@ def _serving(name: str) -> Any:
     return or_(Deployment.model == name, Deployment.roles.contains(func.to_jsonb(name)))
 
 
-async def routes(session: AsyncSession, name: str) -> list[Route]:
-    """Every ready deployment of a model or role on an online node, with its evidence."""
+async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
+    """Every ready deployment on an online node, with its evidence; of one model or role
+    when `name` is given."""
     ttft = RuntimeEvidence.evidence["time_to_first_token_s"].astext.cast(Float)
     tps = RuntimeEvidence.evidence["generation_tokens_per_s"].astext.cast(Float)
     rows = await session.execute(
         select(
             Deployment,
-            (Deployment.cooldown_until > func.statement_timestamp()).label("cooling"),
+            func.greatest(
+                func.extract("epoch", Deployment.cooldown_until - func.statement_timestamp()), 0
+            ).label("cooldown_left_s"),
             func.min(ttft).label("ttft"),
             func.max(tps).label("tps"),
         )
@@ -641,14 +646,15 @@ async def routes(session: AsyncSession, name: str) -> list[Route]:
         )
         .where(
             Deployment.state == DeploymentState.READY.value,
-            _serving(name),
+            _serving(name) if name is not None else true(),
             Node.liveness == "online",
             Node.enabled.is_(True),
         )
         .group_by(Deployment.id)
     )
     found = []
-    for deployment, cooling, best_ttft, best_tps in rows.all():
+    for deployment, cooldown_left_s, best_ttft, best_tps in rows.all():
+        left = float(cooldown_left_s or 0.0)
         found.append(
             Route(
                 deployment_id=deployment.id,
@@ -658,7 +664,8 @@ async def routes(session: AsyncSession, name: str) -> list[Route]:
                 roles=tuple(deployment.roles),
                 queue_depth=deployment.queue_depth or 0,
                 max_concurrent=deployment.max_concurrent,
-                cooling=bool(cooling),
+                cooling=left > 0,
+                cooldown_left_s=left,
                 time_to_first_token_s=best_ttft,
                 generation_tokens_per_s=best_tps,
             )

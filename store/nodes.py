@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Final
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.errors import ErrorCode
+from store import session_notes
 from store.errors import Missing, Refused
 from store.liveness import LivenessThresholds, liveness_expression
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
-
-_CHANGED_STANDING: Final = "modelforge.changed_standing"
 
 
 async def now(session: AsyncSession) -> datetime:
@@ -70,13 +68,12 @@ def standing_changed(session: AsyncSession, node_id: uuid.UUID) -> None:
     that commits it must not wait for its own notification to come back, or it could
     admit a rotated-away credential from its node cache for that moment. It reads this
     note right after the commit (api/deps.py)."""
-    session.info.setdefault(_CHANGED_STANDING, set()).add(node_id)
+    session_notes.note(session, session_notes.NODE_STANDING, node_id)
 
 
 def changed_standing(session: AsyncSession) -> set[uuid.UUID]:
     """The nodes noted by `standing_changed` since the last call (the note is taken)."""
-    noted: set[uuid.UUID] = session.info.pop(_CHANGED_STANDING, set())
-    return noted
+    return session_notes.take(session, session_notes.NODE_STANDING)
 
 
 async def revoke_active_credentials(

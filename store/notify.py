@@ -23,6 +23,9 @@ OUTBOX_CHANNEL: Final = "modelforge_outbox"
 # Payload: a node id, whenever something an API caches about the node changed
 # (credentials, enabled, decommissioned, recorded liveness, agent facts): migration 0006.
 NODE_CHANGES_CHANNEL: Final = "modelforge_node_changes"
+# Payload `c:<service client id>` or `d:<deployment id>`, whenever either row changes
+# (migration 0011): what the gateway caches (api/gateway/cache.py).
+GATEWAY_CHANGES_CHANNEL: Final = "modelforge_gateway_changes"
 
 
 def _dsn(database_url: str) -> str:

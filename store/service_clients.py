@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.errors import ErrorCode
 from schemas.events import EventType, ServiceClientEvent
 from schemas.service_clients import ServiceClientCreate, ServiceClientState
-from store import changes, nodes
+from store import changes, nodes, session_notes
 from store.deployment_tables import ServiceClient
 from store.errors import Missing, Refused
 
@@ -105,6 +105,7 @@ async def rotate(
     if client.revoked_at is not None:
         raise Refused("the service client was revoked", code=ErrorCode.STATE_CONFLICT)
     client.digest = digest
+    session_notes.note(session, session_notes.SERVICE_CLIENT, client.id)
     client.rotated_at = await nodes.now(session)
     changes.record(session, EventType.SERVICE_CLIENT_ROTATED, _event(client), actor=actor)
     return client
@@ -116,8 +117,14 @@ async def revoke(session: AsyncSession, client_id: uuid.UUID, *, actor: str) -> 
     if client.revoked_at is not None:
         raise Refused("the service client was already revoked", code=ErrorCode.STATE_CONFLICT)
     client.revoked_at = await nodes.now(session)
+    session_notes.note(session, session_notes.SERVICE_CLIENT, client.id)
     changes.record(session, EventType.SERVICE_CLIENT_REVOKED, _event(client), actor=actor)
     return client
+
+
+def changed(session: AsyncSession) -> set[uuid.UUID]:
+    """The clients this transaction rotated or revoked (the note is taken)."""
+    return session_notes.take(session, session_notes.SERVICE_CLIENT)
 
 
 async def authenticate(

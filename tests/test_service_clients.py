@@ -14,10 +14,19 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 
+from api import security
 from api.errors import Unauthenticated
-from api.gateway.auth import ClientScope, authenticate_client
-from schemas.protocol import AUDIT, SERVICE_CLIENT_PREFIX, SERVICE_CLIENTS, secret_pattern
+from api.gateway.auth import ClientScope, client_scope
+from api.security import PresentedSecret
+from schemas.protocol import (
+    AUDIT,
+    GATEWAY_MODELS,
+    SERVICE_CLIENT_PREFIX,
+    SERVICE_CLIENTS,
+    secret_pattern,
+)
 from tests.admin_helpers import audit, db_scalar, ok, refused
 from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
@@ -33,12 +42,12 @@ def on_api(api: RunningApi, make: Coroutine[Any, Any, T]) -> T:
 
 
 def authenticate(api: RunningApi, authorization: str | None) -> ClientScope | str:
-    """What the gateway of this API process makes of the header: the client's scope, or
-    the code it refuses with."""
+    """What the gateway of this API process makes of the header (its cache, else the
+    database): the client's scope, or the code it refuses with."""
 
     async def call() -> ClientScope | str:
         try:
-            return await authenticate_client(api.state.sessions, authorization)
+            return await client_scope(api.state, authorization)
         except Unauthenticated as refusal:
             return refusal.code.value
 
@@ -311,3 +320,40 @@ def test_a_second_api_process_refuses_a_revocation_within_a_second(
         assert time.monotonic() - answered < 1.0
         assert isinstance(authenticate(second, bearer(rotated["secret"])), ClientScope)
         assert isinstance(authenticate(second, bearer(kept["secret"])), ClientScope)
+
+
+def test_the_process_that_rotates_or_revokes_refuses_the_old_secret_without_its_notify(
+    api: RunningApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway remembers admitted clients (api/gateway/cache.py). With every gateway
+    NOTIFY held back, the process that rotated or revoked a client still refuses the old
+    secret from its very next call: it drops the client right after its own commit."""
+    cache = api.state.gateway_cache
+    held: list[str] = []
+    monkeypatch.setattr(cache, "_on_payload", held.append)
+    with api.client() as client:
+        rotating = new_client(client, api, name="rotating")
+        revoking = new_client(client, api, name="revoking")
+        for one in (rotating, revoking):
+            assert isinstance(authenticate(api, bearer(one["secret"])), ClientScope)
+            # Remembered: the next call is answered from the cache.
+            assert cache.client(parse(one["secret"])) is not None
+
+        rotated = ok(
+            client.post(f"{SERVICE_CLIENTS}/{rotating['id']}/rotate", headers=api.admin_headers)
+        )
+        ok(client.post(f"{SERVICE_CLIENTS}/{revoking['id']}/revoke", headers=api.admin_headers))
+        assert authenticate(api, bearer(rotating["secret"])) == "credential_invalid"
+        assert authenticate(api, bearer(revoking["secret"])) == "credential_revoked"
+        assert isinstance(authenticate(api, bearer(rotated["secret"])), ClientScope)
+        # The gateway's own route says the same.
+        models = client.get(GATEWAY_MODELS, headers={"Authorization": bearer(revoking["secret"])})
+        assert models.status_code == 401
+        assert models.json()["error"]["code"] == "credential_revoked"
+    assert any(payload == f"c:{revoking['id']}" for payload in held)
+
+
+def parse(secret: str) -> PresentedSecret:
+    presented = security.parse(SERVICE_CLIENT_PREFIX, secret)
+    assert presented is not None
+    return presented

@@ -7,8 +7,10 @@ is not a service client's, such as a node credential (`mfn…`) or the operator 
 primary key, the digest compared in constant time (store/service_clients.py), a revoked
 client refused (credential_revoked).
 
-The database is read on every call, with no cache: a revocation (or a rotation) is seen
-by every API process as soon as it commits, well inside the one second issue 16 asks for.
+An admitted client is remembered by this process (api/gateway/cache.py), kept true by
+LISTEN: a revocation (or a rotation) is seen by every API process within milliseconds of
+its commit, well inside the one second issue 16 asks for, and at once by the process
+that made it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from api import security
 from api.deps import State
 from api.errors import Unauthenticated
+from api.state import ApiState
 from schemas.errors import ErrorCode
 from schemas.protocol import SERVICE_CLIENT_PREFIX
 from store import service_clients
@@ -81,8 +84,9 @@ def presented_secret(authorization: str | None) -> security.PresentedSecret:
 
 async def authenticate_client(
     sessions: async_sessionmaker[AsyncSession], authorization: str | None
-) -> ClientScope:
-    """The caller's scope, from one short transaction of its own that only reads."""
+) -> tuple[ClientScope, bytes]:
+    """The caller's scope and its secret's digest, from one short transaction of its
+    own that only reads."""
     presented = presented_secret(authorization)
     async with sessions() as session, session.begin():
         try:
@@ -91,13 +95,26 @@ async def authenticate_client(
             )
         except service_clients.NotAdmitted as refused:
             raise Unauthenticated(refused.message, code=refused.code) from None
-        return scope_of(client)
+        return scope_of(client), client.digest
+
+
+async def client_scope(state: ApiState, authorization: str | None) -> ClientScope:
+    """The caller's scope: from this process's cache when it admitted the same secret
+    before, else from the database (then remembered)."""
+    cache = state.gateway_cache
+    cached = cache.client(presented_secret(authorization))
+    if cached is not None:
+        return cached
+    generation = cache.generation
+    scope, digest = await authenticate_client(state.sessions, authorization)
+    cache.remember_client(digest, scope, generation)
+    return scope
 
 
 async def _client_scope(
     state: State, authorization: Annotated[str | None, Header()] = None
 ) -> ClientScope:
-    return await authenticate_client(state.sessions, authorization)
+    return await client_scope(state, authorization)
 
 
 ServiceClientAuth = Annotated[ClientScope, Depends(_client_scope)]

@@ -194,13 +194,18 @@ class _Call:
         self.state.metrics.invokes.labels(outcome, str(self.stream).lower()).inc()
 
     async def _routes(self) -> list[Choice]:
-        async with self.state.sessions() as session, session.begin():
-            found = await deployments.routes(session, self.body.model)
-            if not found and not await deployments.anyone_serves(session, self.body.model):
-                self._outcome(ErrorCode.MODEL_NOT_FOUND.value)
-                raise NotFound(
-                    f"no deployment serves {self.body.model!r}", code=ErrorCode.MODEL_NOT_FOUND
-                )
+        # The cache's routes when it has some (a stale one costs a try at most); its
+        # empty answer is checked against the database before a 404 or a 503.
+        found = await self.state.gateway_cache.routes(self.body.model)
+        if not found:
+            async with self.state.sessions() as session, session.begin():
+                found = await deployments.routes(session, self.body.model)
+                if not found and not await deployments.anyone_serves(session, self.body.model):
+                    self._outcome(ErrorCode.MODEL_NOT_FOUND.value)
+                    raise NotFound(
+                        f"no deployment serves {self.body.model!r}",
+                        code=ErrorCode.MODEL_NOT_FOUND,
+                    )
         choices = order(found, self.relay.in_flight, _rng)
         if not choices:
             self._outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
