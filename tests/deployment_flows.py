@@ -1,18 +1,24 @@
 """Deployment steps shared by tests, over real HTTP: a node (the test speaking for its
 agent and runtime worker) with a deployment made ready through the protocol, service
-clients, and the runtime worker's side of an invoke (its channel, its answer stream)."""
+clients, the runtime worker's side of an invoke (its channel, its answer stream), and
+bounded waits for a deployment's state (as the API shows it, or after the workers'
+liveness sweep and reconciler ran)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.deployments import ENDED_STATES
 from schemas.protocol import (
     DEPLOYMENT_JOB_COMPLETE,
     DEPLOYMENT_JOB_FAIL,
@@ -27,9 +33,12 @@ from schemas.protocol import (
     RUNTIME_CHANNEL,
     SERVICE_CLIENTS,
 )
+from store.deployments import ReconcilePolicy
+from store.liveness import LivenessThresholds
+from tests.agent.harness import wait_until
 from tests.api_server import RunningApi
 from tests.artifact_flows import COMMIT, REPOSITORY
-from tests.flows import EnrolledNode, heartbeat_body
+from tests.flows import NO_BREAKER, THRESHOLDS, EnrolledNode, heartbeat_body
 from tests.runtime_flows import (
     GGUF,
     create_profile,
@@ -37,8 +46,12 @@ from tests.runtime_flows import (
     ready_node,
     report_runtime,
 )
+from workers.deployments import reconcile
+from workers.liveness import sweep
 
 HEALTHY = {"process_up": True, "health_ok": True, "model_listed": True, "inference_ok": True}
+# The reconciler as the tests run it: no periodic health checks of their own.
+RECONCILE_POLICY = ReconcilePolicy(health_period_s=3600)
 
 
 def deployment_body(
@@ -70,6 +83,54 @@ def deployment(client: httpx.Client, api: RunningApi, deployment_id: str) -> dic
     assert response.status_code == 200, response.text
     view: dict[str, Any] = response.json()
     return view
+
+
+def wait_for_deployment(
+    api: RunningApi, deployment_id: str, state: str, timeout_s: float
+) -> dict[str, Any]:
+    """The deployment's view once the API shows it in `state`, polled until a deadline;
+    one that ended in another state (failed, unloaded) fails the wait at once."""
+
+    def reached() -> dict[str, Any] | None:
+        with api.client() as client:
+            view = deployment(client, api, deployment_id)
+        assert view["state"] == state or view["state"] not in ENDED_STATES, view
+        return view if view["state"] == state else None
+
+    return wait_until(reached, timeout_s, f"the deployment {state}")
+
+
+async def state_after_sweeps(
+    sessions: async_sessionmaker[AsyncSession],
+    api: RunningApi,
+    deployment_id: str,
+    thresholds: LivenessThresholds = THRESHOLDS,
+) -> str:
+    """One pass of the liveness sweep (no partition breaker) and the deployment reconciler,
+    as the workers run them, then the deployment's state."""
+    await sweep(sessions, thresholds, breaker=NO_BREAKER)
+    await reconcile(sessions, RECONCILE_POLICY)
+
+    def read() -> str:
+        with api.client() as client:
+            return str(deployment(client, api, deployment_id)["state"])
+
+    return await asyncio.to_thread(read)
+
+
+async def until_state(
+    check: Callable[[], Awaitable[str]], state: str, timeout_s: float = 20
+) -> None:
+    """Run `check` (e.g. a `state_after_sweeps`) until it answers `state`, or fail at the
+    deadline with the last state seen."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last == state:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the deployment stayed {last}, not {state}")
 
 
 def claim_deployment_job(client: httpx.Client, node: EnrolledNode) -> dict[str, Any]:

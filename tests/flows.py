@@ -22,6 +22,8 @@ from schemas.protocol import (
     TELEMETRY,
     TOKENS,
 )
+from store.fleet import PartitionBreaker
+from store.liveness import LivenessThresholds
 from tests.api_server import RunningApi
 
 __all__ = [
@@ -35,6 +37,13 @@ __all__ = [
     "TELEMETRY",
     "TOKENS",
 ]
+
+# Liveness thresholds short enough for a test to watch a silent node go stale, then
+# offline (the tests start their API with the same ones, for what it reports).
+THRESHOLDS = LivenessThresholds(stale_after_s=1.0, offline_after_s=2.0)
+# A test's whole fleet goes silent at once on purpose; the partition breaker would hold
+# it (tests/test_fleet_safety.py), so with this one it never trips.
+NO_BREAKER = PartitionBreaker(min_nodes=10**9)
 
 
 @dataclass(frozen=True)

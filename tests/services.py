@@ -15,7 +15,7 @@ import secrets
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,10 +26,16 @@ import asyncpg
 import pytest
 from sqlalchemy import NullPool, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from stack.embedded_nats import EmbeddedNats
 from stack.embedded_postgres import EmbeddedPostgres
+from store.engine import make_engine, make_sessionmaker
 
 PG_ENV = "MODELFORGE_TEST_DATABASE_URL"
 NATS_ENV = "MODELFORGE_TEST_NATS_URL"
@@ -314,6 +320,15 @@ def database_url(pg_admin_url: str, migrated_template: str) -> Iterator[str]:
         yield with_database(pg_admin_url, name)
     finally:
         drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions over this test's database, as a worker process (the sweep, the
+    reconciler) holds them: its own engine, disposed when the test ends."""
+    engine = make_engine(database_url, pool_size=10)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -9,21 +9,17 @@ the partition breaker holds."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT, DEPLOYMENTS
-from store.deployments import REPORT_MARGIN, ReconcilePolicy
-from store.engine import make_engine, make_sessionmaker
-from store.fleet import PartitionBreaker
-from store.liveness import LivenessThresholds
+from store.deployments import REPORT_MARGIN
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (
+    RECONCILE_POLICY,
     DeployedNode,
     beat,
     claim_deployment_job,
@@ -34,21 +30,12 @@ from tests.deployment_flows import (
     deployment_body,
     fail_deployment_job,
     ready_deployment,
+    state_after_sweeps,
+    until_state,
 )
+from tests.flows import THRESHOLDS
 from tests.runtime_flows import create_profile, environment_id, ready_node
 from workers.deployments import reconcile
-from workers.liveness import sweep
-
-THRESHOLDS = LivenessThresholds(stale_after_s=1.0, offline_after_s=2.0)
-NO_BREAKER = PartitionBreaker(min_nodes=10**9)
-POLICY = ReconcilePolicy(health_period_s=3600)
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database_url, pool_size=5)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 @pytest.fixture
@@ -138,15 +125,8 @@ async def test_offline_makes_it_unavailable_and_a_return_with_it_loaded_makes_it
     with api.client() as client:
         deployed = ready_deployment(client, api)
     deployment_id = deployed.deployment["id"]
-
-    async def state_after_sweeps() -> str:
-        await sweep(sessions, THRESHOLDS, breaker=NO_BREAKER)
-        await reconcile(sessions, POLICY)
-        with api.client() as client:
-            return str(deployment(client, api, deployment_id)["state"])
-
     # Silent past the offline threshold: unavailable (routing stops at once).
-    await wait_for_state(state_after_sweeps, "unavailable")
+    await until_state(lambda: state_after_sweeps(sessions, api, deployment_id), "unavailable")
     with api.client() as client:
         view = deployment(client, api, deployment_id)
         assert view["failure"]["code"] == "node_offline"
@@ -156,9 +136,9 @@ async def test_offline_makes_it_unavailable_and_a_return_with_it_loaded_makes_it
         with api.client() as client:
             beat(client, deployed.node)
             deployed.report(client, loaded=True)
-        return await state_after_sweeps()
+        return await state_after_sweeps(sessions, api, deployment_id)
 
-    await wait_for_state(returned, "ready")
+    await until_state(returned, "ready")
     assert ("ready", "unavailable") in transitions(api, deployment_id)
 
 
@@ -176,7 +156,7 @@ async def test_a_runtime_worker_that_lost_the_deployment_gets_it_loaded_again(
     with api.client() as client:
         beat(client, deployed.node)
         deployed.report(client, loaded=False)  # the runtime worker restarted: nothing loaded
-    done = await reconcile(sessions, POLICY)
+    done = await reconcile(sessions, RECONCILE_POLICY)
     assert done.get("reload queued") == 1
     with api.client() as client:
         assert deployment(client, api, deployment_id)["state"] == "pending"
@@ -184,14 +164,3 @@ async def test_a_runtime_worker_that_lost_the_deployment_gets_it_loaded_again(
         assert claim["kind"] == "deployment.load.v1"
         assert complete_load(client, deployed.node, claim).status_code == 200
         assert deployment(client, api, deployment_id)["state"] == "ready"
-
-
-async def wait_for_state(check: Any, state: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last == state:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the deployment stayed {last}, not {state}")

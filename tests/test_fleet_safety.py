@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import FLEET
-from store.engine import make_engine, make_sessionmaker
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
@@ -43,13 +42,6 @@ def start_api(api_factory: ApiFactory) -> RunningApi:
         presence_gap_s=THRESHOLDS.presence_gap_s,
         presence_period_s=0.1,
     )
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database_url, pool_size=10)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 @dataclass

@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT
 from store.engine import make_engine, make_sessionmaker
-from store.fleet import PartitionBreaker
-from store.liveness import LivenessThresholds
 from tests.api_server import ApiFactory, RunningApi
-from tests.flows import HEARTBEAT, NODES, enroll, heartbeat_body, now
+from tests.flows import HEARTBEAT, NO_BREAKER, NODES, THRESHOLDS, enroll, heartbeat_body, now
 from workers.liveness import sweep
-
-THRESHOLDS = LivenessThresholds(stale_after_s=1.0, offline_after_s=2.0)
-# The whole fleet of a test goes silent at once on purpose; the partition breaker would
-# hold it (tests/test_fleet_safety.py), so here it never trips.
-NO_BREAKER = PartitionBreaker(min_nodes=10**9)
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database_url, pool_size=10)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 def _api(api_factory: ApiFactory) -> RunningApi:

@@ -21,8 +21,8 @@ from schemas.protocol import (
     ROUTE_OVERHEAD_HEADER,
     ROUTE_REASON_HEADER,
 )
-from tests.agent.harness import admin, wait_until
-from tests.deployment_flows import create_deployment, service_client
+from tests.agent.harness import admin
+from tests.deployment_flows import create_deployment, service_client, wait_for_deployment
 from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode
 from tests.runtime_flows import create_profile
 
@@ -46,13 +46,7 @@ def deployed(node: ProbeNode, environment: str, **extra: Any) -> dict[str, Any]:
     }
     with api.client() as client:
         created = create_deployment(client, api, body)
-
-    def ready() -> dict[str, Any] | None:
-        view: dict[str, Any] = admin(api, "GET", f"{DEPLOYMENTS}/{created['id']}")
-        assert view["state"] not in ("failed", "unloaded"), view
-        return view if view["state"] == "ready" else None
-
-    return wait_until(ready, 90, "the deployment ready")
+    return wait_for_deployment(api, created["id"], "ready", 90)
 
 
 def gateway_client(node: ProbeNode) -> openai.OpenAI:
@@ -132,8 +126,4 @@ def test_a_drain_lets_the_stream_in_flight_finish_then_unloads(probe_node: Probe
         text, finish = streamed.result(90)
     assert text and finish in ("stop", "length")
 
-    def unloaded() -> bool:
-        view = admin(probe_node.api, "GET", f"{DEPLOYMENTS}/{deployment['id']}")
-        return bool(view["state"] == "unloaded")
-
-    wait_until(unloaded, 60, "the drained deployment unloaded")
+    wait_for_deployment(probe_node.api, deployment["id"], "unloaded", 60)

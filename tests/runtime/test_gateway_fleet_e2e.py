@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,19 +24,21 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import (
-    DEPLOYMENTS,
     GATEWAY_CHAT_COMPLETIONS,
     GATEWAY_PREFIX,
     ROUTE_NODE_HEADER,
 )
-from store.deployments import ReconcilePolicy
-from store.engine import make_engine, make_sessionmaker
-from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from tests.agent.artifact_agent import StartAgent
 from tests.agent.harness import admin, wait_until
 from tests.api_server import ApiFactory, RunningApi
-from tests.deployment_flows import create_deployment, service_client
+from tests.deployment_flows import (
+    create_deployment,
+    service_client,
+    state_after_sweeps,
+    until_state,
+    wait_for_deployment,
+)
 from tests.hub_server import HubServer
 from tests.runtime.harness import RuntimeProcess
 from tests.runtime.probing import (
@@ -50,12 +51,9 @@ from tests.runtime.probing import (
     runtime_beside,
 )
 from tests.runtime_flows import create_profile
-from workers.deployments import reconcile
-from workers.liveness import sweep
 
+# This test's own thresholds (fleet_api starts with them), not tests/flows.py's shorter ones.
 THRESHOLDS = LivenessThresholds(stale_after_s=2.0, offline_after_s=4.0)
-NO_BREAKER = PartitionBreaker(min_nodes=10**9)
-POLICY = ReconcilePolicy(health_period_s=3600)
 HELLO: list[Any] = [{"role": "user", "content": "Say hello."}]
 LONG: list[Any] = [{"role": "user", "content": "Write a long story about a lighthouse."}]
 
@@ -71,13 +69,6 @@ def fleet_api(api_factory: ApiFactory) -> RunningApi:
         gateway_first_token_timeout_s=30,
         gateway_cooldown_s=1,
     )
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database_url, pool_size=5)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 @dataclass
@@ -138,17 +129,7 @@ def deploy(
             **extra,
         }
         created = create_deployment(client, api, body)
-    return wait_for_state(api, created["id"], "ready", 90)
-
-
-def wait_for_state(
-    api: RunningApi, deployment_id: str, state: str, timeout_s: float
-) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        view: dict[str, Any] = admin(api, "GET", f"{DEPLOYMENTS}/{deployment_id}")
-        return view if view["state"] == state else None
-
-    return wait_until(reached, timeout_s, f"the deployment {state}")
+    return wait_for_deployment(api, created["id"], "ready", 90)
 
 
 def gateway(api: RunningApi, **scope: Any) -> tuple[openai.OpenAI, str]:
@@ -217,18 +198,15 @@ async def test_a_node_killed_mid_invoke_gives_a_typed_error_and_comes_back_ready
     assert isinstance(failed, openai.APIError), "the cut stream ended without an error"
     assert isinstance(failed.body, dict) and failed.body["code"] == "node_lost"
 
-    async def state_after_sweeps() -> str:
-        await sweep(sessions, THRESHOLDS, breaker=NO_BREAKER)
-        await reconcile(sessions, POLICY)
-        view = await asyncio.to_thread(admin, fleet_api, "GET", f"{DEPLOYMENTS}/{deployment['id']}")
-        return str(view["state"])
+    def swept() -> Awaitable[str]:
+        return state_after_sweeps(sessions, fleet_api, deployment["id"], THRESHOLDS)
 
-    await until_state(state_after_sweeps, "unavailable", 30)
+    await until_state(swept, "unavailable", 30)
     # The node returns: the agent on the same state dir, a fresh runtime worker (which
     # has nothing loaded). The reconciler loads the deployment again.
     agents(node.agent_config)
     await asyncio.to_thread(node.start_runtime)
-    await until_state(state_after_sweeps, "ready", 120)
+    await until_state(swept, "ready", 120)
     answer = await asyncio.to_thread(
         client.chat.completions.create, model="smol", messages=HELLO, max_tokens=2
     )
@@ -296,14 +274,3 @@ def _kill(pid: int) -> None:
     import signal
 
     os.kill(pid, signal.SIGKILL)
-
-
-async def until_state(check: Any, state: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last == state:
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"the deployment stayed {last}, not {state}")
