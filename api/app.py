@@ -114,8 +114,10 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     )
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.add_middleware(CorrelationIdMiddleware)
-    app.include_router(health_router)
-    app.include_router(agent_router)
-    app.include_router(admin_router)
+    # Routes are matched in order, one by one: the hot ones first (the gateway's two, then
+    # the fleet's), so an invoke or a heartbeat is not matched against the admin API's.
     app.include_router(gateway_router)
+    app.include_router(agent_router)
+    app.include_router(health_router)
+    app.include_router(admin_router)
     return app
