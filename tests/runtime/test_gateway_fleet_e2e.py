@@ -219,9 +219,11 @@ def test_a_client_that_leaves_frees_the_device_and_a_full_deployment_answers_429
     node = fleet("a")
     deploy(fleet_api, node, "smol", max_concurrent=1, ctx_size=4096)
     client, secret = gateway(fleet_api)
-    # A long prompt: its prefill alone keeps the invoke in flight for a while.
-    prompt = [{"role": "user", "content": "word " * 2500 + "\nSummarize the text above."}]
-    body = {"model": "smol", "messages": prompt, "max_tokens": 2000, "stream": True}
+    # A long answer keeps the invoke in flight once it has begun (the small model counts
+    # on for its whole token bound). A long prompt did too, but its prefill had to end
+    # within the first-token bound, which a loaded box missed.
+    counting = [{"role": "user", "content": "Count from 1 to 5000, one number per line."}]
+    body = {"model": "smol", "messages": counting, "max_tokens": 2000, "stream": True}
     first_line = threading.Event()
     leave = threading.Event()
 
@@ -236,9 +238,12 @@ def test_a_client_that_leaves_frees_the_device_and_a_full_deployment_answers_429
             ) as held,
         ):
             assert held.status_code == 200
-            next(held.iter_lines())
+            # Kept: a line iterator dropped after one line closes the stream with it.
+            lines = held.iter_lines()
+            next(lines)
             first_line.set()
             leave.wait(60)
+            del lines
         # The client closed its stream here.
 
     def in_flight() -> int:
@@ -247,13 +252,15 @@ def test_a_client_that_leaves_frees_the_device_and_a_full_deployment_answers_429
 
     with ThreadPoolExecutor(1) as pool:
         holder = pool.submit(held_then_left)
-        wait_until(lambda: in_flight() == 1, 60, "the long invoke in flight on the node")
+        if not first_line.wait(120):
+            holder.result(5)  # its own failure, if it had one
+            raise AssertionError("the held stream sent nothing within 120 s")
+        assert in_flight() == 1
         # Its one invoke at once is taken: the only deployment is busy.
         with pytest.raises(openai.RateLimitError) as busy:
             client.chat.completions.create(model="smol", messages=HELLO, max_tokens=2)
         assert int(busy.value.response.headers["Retry-After"]) >= 1
         assert isinstance(busy.value.body, dict) and busy.value.body["code"] == "deployment_busy"
-        assert first_line.wait(120)
         leave.set()
         holder.result(30)
     wait_until(lambda: in_flight() == 0, 5, "the device free at once after the client left")
