@@ -25,7 +25,6 @@ heartbeat stayed transactional, got slower, went stale and notified again (the c
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
@@ -33,7 +32,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from api import security
-from store.notify import NODE_CHANGES_CHANNEL, Listener, listen
+from api.cache_guard import ChangeGuard, kept_by_listen
+from store.notify import NODE_CHANGES_CHANNEL
 
 logger = logging.getLogger("modelforge.api.node_cache")
 
@@ -54,13 +54,13 @@ class NodeCache:
         self._entries: dict[uuid.UUID, CachedNode] = {}
         self._by_node: dict[uuid.UUID, set[uuid.UUID]] = {}
         self._max_entries = max_entries
-        self.generation = 0
-        # Per node: the generation of its last notification. Reads that began before
-        # `_floor` (a clear, or this map overflowing) are never stored.
-        self._notified: dict[uuid.UUID, int] = {}
-        self._floor = 0
+        self._guard = ChangeGuard(max_entries)
         self.listening = False
         self.closing = False
+
+    @property
+    def generation(self) -> int:
+        return self._guard.generation
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -78,11 +78,7 @@ class NodeCache:
     def remember(self, entry: CachedNode, generation: int) -> None:
         """Store what a read that began at `generation` found, unless something changed
         since (see the module docstring)."""
-        if (
-            not self.listening
-            or generation < self._floor
-            or self._notified.get(entry.node_id, -1) > generation
-        ):
+        if not self.listening or not self._guard.admits(entry.node_id, generation):
             return
         if len(self._entries) >= self._max_entries and entry.credential_id not in self._entries:
             return  # full: the rest take the database path, as before the cache
@@ -90,11 +86,7 @@ class NodeCache:
         self._by_node.setdefault(entry.node_id, set()).add(entry.credential_id)
 
     def forget_node(self, node_id: uuid.UUID) -> None:
-        self.generation += 1
-        if len(self._notified) >= self._max_entries:
-            self._notified.clear()
-            self._floor = self.generation
-        self._notified[node_id] = self.generation
+        self._guard.changed(node_id)
         for credential_id in self._by_node.pop(node_id, ()):
             self._entries.pop(credential_id, None)
 
@@ -113,28 +105,14 @@ class NodeCache:
             logger.warning("node change notifications lost: the node cache is off until back")
 
     def _clear(self) -> None:
-        self.generation += 1
-        self._floor = self.generation
+        self._guard.clear()
         self._entries.clear()
         self._by_node.clear()
-        self._notified.clear()
 
 
 @contextlib.asynccontextmanager
 async def node_cache(database_url: str) -> AsyncIterator[NodeCache]:
     """A cache kept true by LISTEN, for the lifespan of the API process."""
     cache = NodeCache()
-    stop = asyncio.Event()
-    # Bound late, so that a test can hold the notifications back and show that what the
-    # process itself changed needs none of them (tests/test_rotation_race.py).
-    listener = Listener(
-        on_payload=lambda payload: cache._on_payload(payload),
-        on_connected=cache._on_connected,
-    )
-    task = asyncio.create_task(listen(database_url, NODE_CHANGES_CHANNEL, listener, stop))
-    try:
+    async with kept_by_listen(database_url, NODE_CHANGES_CHANNEL, cache):
         yield cache
-    finally:
-        cache.closing = True
-        stop.set()
-        await task

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api import security
+from api.cache_guard import ChangeGuard, kept_by_listen
 from store import deployments
 from store.deployments import Route
-from store.notify import GATEWAY_CHANGES_CHANNEL, Listener, listen
+from store.notify import GATEWAY_CHANGES_CHANNEL
 
 if TYPE_CHECKING:  # api/gateway/auth.py reaches this cache through the API state
     from api.gateway.auth import ClientScope
@@ -68,16 +69,16 @@ class GatewayCache:
         self._max_clients = max_clients
         self.listening = False
         self.closing = False
-        self.generation = 0
+        self._guard = ChangeGuard(max_clients)
         self._clients: dict[uuid.UUID, _CachedClient] = {}
-        # Per client: the generation of its last notification; reads older than _floor
-        # (a clear, or this map overflowing) are never stored.
-        self._notified: dict[uuid.UUID, int] = {}
-        self._floor = 0
         self._table: list[tuple[Route, float]] | None = None
         self._table_at = 0.0
         self._table_generation = 0
         self._table_lock = asyncio.Lock()
+
+    @property
+    def generation(self) -> int:
+        return self._guard.generation
 
     # ------------------------------------------------------------------ service clients
 
@@ -94,22 +95,14 @@ class GatewayCache:
     def remember_client(self, digest: bytes, scope: ClientScope, generation: int) -> None:
         """Store what a read that began at `generation` admitted, unless the client
         changed since."""
-        if (
-            not self.listening
-            or generation < self._floor
-            or self._notified.get(scope.client_id, -1) > generation
-        ):
+        if not self.listening or not self._guard.admits(scope.client_id, generation):
             return
         if len(self._clients) >= self._max_clients and scope.client_id not in self._clients:
             return
         self._clients[scope.client_id] = _CachedClient(digest, scope)
 
     def forget_client(self, client_id: uuid.UUID) -> None:
-        self.generation += 1
-        if len(self._notified) >= self._max_clients:
-            self._notified.clear()
-            self._floor = self.generation
-        self._notified[client_id] = self.generation
+        self._guard.changed(client_id)
         self._clients.pop(client_id, None)
 
     # ------------------------------------------------------------------ the routing table
@@ -171,10 +164,8 @@ class GatewayCache:
             logger.warning("gateway change notifications lost: its cache is off until back")
 
     def _clear(self) -> None:
-        self.generation += 1
-        self._floor = self.generation
+        self._guard.clear()
         self._clients.clear()
-        self._notified.clear()
         self.forget_routes()
 
 
@@ -194,15 +185,5 @@ async def gateway_cache(
 ) -> AsyncIterator[GatewayCache]:
     """A cache kept true by LISTEN, for the lifespan of the API process."""
     cache = GatewayCache(read_routes, routes_max_age_s=routes_max_age_s)
-    stop = asyncio.Event()
-    listener = Listener(
-        on_payload=lambda payload: cache._on_payload(payload),
-        on_connected=cache._on_connected,
-    )
-    task = asyncio.create_task(listen(database_url, GATEWAY_CHANGES_CHANNEL, listener, stop))
-    try:
+    async with kept_by_listen(database_url, GATEWAY_CHANGES_CHANNEL, cache):
         yield cache
-    finally:
-        cache.closing = True
-        stop.set()
-        await task
