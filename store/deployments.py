@@ -49,6 +49,8 @@ ENDED = frozenset(state.value for state in ENDED_STATES)
 REPORT_MARGIN = timedelta(seconds=2)
 # Attempts of the jobs that only look or tear down.
 TARGET_ATTEMPTS = 3
+# Why a loaded deployment is unavailable when its own health check failed.
+HEALTH_FAILED = "health_failed"
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ async def on_settled(
                 session, deployment, DeploymentState.READY, now, reason="healthy", actor=actor
             )
         elif not healthy and state == DeploymentState.READY:
-            deployment.failure_code = "health_failed"
+            deployment.failure_code = HEALTH_FAILED
             deployment.failure_detail = "its health check failed"
             transition(
                 session,
@@ -432,6 +434,10 @@ async def _node_view(session: AsyncSession, node: Node) -> NodeView:
         report_received_at=stream.good_received_at if stream is not None else None,
         loaded=frozenset(loaded),
     )
+
+
+def _health_due(deployment: Deployment, now: datetime) -> bool:
+    return deployment.health_due_at is not None and deployment.health_due_at <= now
 
 
 async def reconcile_one(
@@ -505,6 +511,14 @@ async def reconcile_one(
         return None
 
     if state == DeploymentState.UNAVAILABLE:
+        if deployment.failure_code == HEALTH_FAILED and is_loaded:
+            # Loaded but failing its checks: being reported loaded says nothing new, only
+            # a check that passes makes it ready again (on_settled); else it would flap.
+            if _health_due(deployment, now) and not _active(current):
+                await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
+                deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
+                return "health queued"
+            return None
         if is_loaded and reported:
             deployment.failure_code = deployment.failure_detail = None
             deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
@@ -533,11 +547,7 @@ async def reconcile_one(
                 session, deployment, DeploymentState.PENDING, now, reason="lost", actor=actor
             )
             return "reload queued"
-        if (
-            deployment.health_due_at is not None
-            and deployment.health_due_at <= now
-            and not _active(current)
-        ):
+        if _health_due(deployment, now) and not _active(current):
             await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
             deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
             return "health queued"

@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT, DEPLOYMENTS
-from store.deployments import REPORT_MARGIN
+from store.deployments import REPORT_MARGIN, ReconcilePolicy
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (
+    HEALTHY,
     RECONCILE_POLICY,
     DeployedNode,
     beat,
@@ -164,3 +165,51 @@ async def test_a_runtime_worker_that_lost_the_deployment_gets_it_loaded_again(
         assert claim["kind"] == "deployment.load.v1"
         assert complete_load(client, deployed.node, claim).status_code == 200
         assert deployment(client, api, deployment_id)["state"] == "ready"
+
+
+async def test_a_failed_health_check_makes_it_unavailable_until_a_check_passes(
+    api_factory: ApiFactory, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """deployment.health.v1 on the control plane: due after the health period, claimed
+    and answered by the node; a failed check makes a loaded deployment unavailable (its
+    node reporting it loaded does not bring it back), and a passing one makes it ready."""
+    period = 0.3
+    api = api_factory(deployment_health_period_s=period)
+    policy = ReconcilePolicy(health_period_s=period)
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+    deployment_id = deployed.deployment["id"]
+
+    async def reconciled(expected: str) -> None:
+        """Reconcile (the node beating and reporting it loaded) until a pass did `expected`."""
+
+        async def once() -> str:
+            with api.client() as client:
+                beat(client, deployed.node)
+                deployed.report(client, loaded=True)
+            done = await reconcile(sessions, policy)
+            return expected if done.get(expected) else ",".join(done) or "nothing"
+
+        await until_state(once, expected)
+
+    def check(healthy: bool) -> dict[str, Any]:
+        with api.client() as client:
+            claim = claim_deployment_job(client, deployed.node)
+            assert claim["kind"] == "deployment.health.v1"
+            health = {**HEALTHY, "inference_ok": healthy}
+            done = complete_target(client, deployed.node, claim, health=health, in_flight=0)
+            assert done.status_code == 200, done.text
+            return deployment(client, api, deployment_id)
+
+    await reconciled("health queued")
+    failed = check(healthy=False)
+    assert failed["state"] == "unavailable" and failed["failure"]["code"] == "health_failed"
+    # Reported loaded, it stays unavailable; its next check comes when due.
+    await reconciled("health queued")
+    with api.client() as client:
+        assert deployment(client, api, deployment_id)["state"] == "unavailable"
+    assert check(healthy=True)["state"] == "ready"
+    assert transitions(api, deployment_id)[-2:] == [
+        ("ready", "unavailable"),
+        ("unavailable", "ready"),
+    ]

@@ -51,7 +51,6 @@ RETRY_BUSY_S = 1
 RETRY_NOT_READY_S = 5
 # Upstream headers worth relaying (hop-by-hop and length are the server's own business).
 _RELAYED = ("content-type", "cache-control")
-_JSON = {"Content-Type": "application/json"}
 
 
 def openai_error(
@@ -184,7 +183,7 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             await held.aclose()
             raise
         try:
-            upstream = await server.post_relayed(LOCAL_CHAT_COMPLETIONS, raw, _JSON)
+            upstream = await server.post_relayed(LOCAL_CHAT_COMPLETIONS, raw)
         except RELAY_ERRORS as exc:
             await held.aclose()
             detail = f"llama-server did not answer ({type(exc).__name__})"

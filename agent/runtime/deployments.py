@@ -36,12 +36,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import httpx
-
 from agent.client import DeploymentCompletion, ProtocolClient
 from agent.jobs.lease import Reports
 from agent.runtime.config import ModelSpec
 from agent.runtime.devices import DeviceSlot
+from agent.runtime.health import NOTHING, server_health
 from agent.runtime.jobs import RuntimeFailed, RuntimeJob
 from agent.runtime.probe import admitted_model, server_failure
 from agent.runtime.server import LlamaServer, ServerFailed
@@ -62,7 +61,6 @@ from schemas.runtime import (
     RuntimeJobFail,
     RuntimeJobOutcome,
     RuntimeJobProgress,
-    ServerHealth,
 )
 
 logger = logging.getLogger("modelforge.runtime.deployments")
@@ -72,7 +70,6 @@ DEPLOYMENT_KINDS = frozenset(KINDS)
 # How long cut invokes get to report their end (their llama-server connections are
 # closed at once); then their tasks are cancelled.
 CUT_WAIT_S = 5.0
-NOTHING = ServerHealth(process_up=False, health_ok=False, model_listed=False, inference_ok=False)
 
 
 @dataclass
@@ -113,26 +110,6 @@ class Deployed:
 
 def deployment_model_id(deployment_id: uuid.UUID) -> str:
     return f"deploy-{deployment_id.hex[:12]}"
-
-
-async def server_health(server: LlamaServer | None) -> ServerHealth:
-    """The layered health of a server right now, with a one-token inference when the
-    layers below it held."""
-    if server is None:
-        return NOTHING
-    layers = await server.health()
-    inference = False
-    if layers.ready:
-        try:
-            inference = (await server.one_token("ping")).status_code == 200
-        except httpx.HTTPError:  # a failed call is a failed layer, reported as such
-            inference = False
-    return ServerHealth(
-        process_up=layers.process_up,
-        health_ok=layers.health_ok,
-        model_listed=layers.model_listed,
-        inference_ok=inference,
-    )
 
 
 class DeploymentReports:

@@ -4,8 +4,7 @@ after the request in flight, with the time the device took to show the memory fr
 
 from __future__ import annotations
 
-import httpx
-
+from agent.runtime.health import server_health
 from agent.runtime.jobs import Completion, RuntimeFailed, RuntimeJob, RuntimeReports
 from agent.runtime.server import LlamaServer
 from agent.runtime.worker import RuntimeWorker
@@ -14,7 +13,6 @@ from schemas.runtime import (
     DeviceJobClaim,
     HealthComplete,
     RuntimeFailure,
-    ServerHealth,
     UnloadComplete,
 )
 
@@ -44,28 +42,9 @@ class DeviceJobRun(RuntimeJob):
 
     async def _health(self, server: LlamaServer | None) -> HealthComplete:
         self.phase = "probing"
-        if server is None:
-            health = ServerHealth(
-                process_up=False, health_ok=False, model_listed=False, inference_ok=False
-            )
-            return HealthComplete(
-                kind=JobKind.RUNTIME_HEALTH, lease=self.fence, device_id=self.device_id,
-                health=health, loaded_model=None,
-            )  # fmt: skip
-        layers = await server.health()
-        inference = False
-        if layers.ready:
-            try:
-                inference = (await server.one_token("ping")).status_code == 200
-            except httpx.HTTPError:  # a failed call is a failed layer, reported as such
-                inference = False
-        health = ServerHealth(
-            process_up=layers.process_up,
-            health_ok=layers.health_ok,
-            model_listed=layers.model_listed,
-            inference_ok=inference,
-        )
+        health = await server_health(server)
+        loaded = server.model.model_id if server is not None and server.alive else None
         return HealthComplete(
             kind=JobKind.RUNTIME_HEALTH, lease=self.fence, device_id=self.device_id,
-            health=health, loaded_model=server.model.model_id if server.alive else None,
+            health=health, loaded_model=loaded,
         )  # fmt: skip

@@ -47,7 +47,6 @@ from agent.client import ProtocolClient
 from agent.errors import RequestFailed
 from agent.runtime.api import RELAY_ERRORS, STREAM_DONE, STREAM_FAILED
 from agent.runtime.deployments import Deployed
-from agent.runtime.server import LlamaServer
 from agent.runtime.worker import RuntimeWorker
 from schemas.gateway import GatewayId, Invoke, InvokeParams, InvokeRefusal
 from schemas.jobs import LeaseFence
@@ -175,7 +174,7 @@ async def _relay(
         raise _refused(503, "upstream_unavailable", "the deployment's server is not running")
     body = llama_body(invoke.params, deployed.model.served_name, worker.config.max_tokens_ceiling)
     try:
-        upstream = await _post(server, json.dumps(body).encode())
+        upstream = await server.post_relayed(LOCAL_CHAT_COMPLETIONS, json.dumps(body).encode())
     except (*RELAY_ERRORS, RuntimeError) as exc:  # RuntimeError: its session just closed
         raise _refused(
             503, "upstream_unavailable", f"llama-server did not answer ({type(exc).__name__})"
@@ -211,14 +210,6 @@ async def _relay(
             with contextlib.suppress(RuntimeError):
                 await answer.aclose()
     return "relayed"
-
-
-async def _post(server: LlamaServer, body: bytes) -> aiohttp.ClientResponse:
-    """POST to llama-server on a connection of its own: llama-server may close a
-    kept-alive connection just as it is reused (the request then fails without being
-    asked), so an invoke never reuses one."""
-    headers = {"Content-Type": _JSON, "Connection": "close"}
-    return await server.post_relayed(LOCAL_CHAT_COMPLETIONS, body, headers)
 
 
 async def _stream(upstream: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:

@@ -165,11 +165,14 @@ class LlamaServer:
             trust_env=False,  # loopback: never through a proxy
         )
 
-    async def post_relayed(
-        self, path: str, data: bytes, headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        """POST to llama-server for a client; its answer is read by the caller, and
-        ended with an error if this server is stopped first."""
+    async def post_relayed(self, path: str, data: bytes) -> aiohttp.ClientResponse:
+        """POST a JSON body to llama-server for a client; its answer is read by the
+        caller, and ended with an error if this server is stopped first.
+
+        On a connection of its own (Connection: close): llama-server may close a
+        kept-alive connection just as it is reused, and the request then fails without
+        having been asked (ServerDisconnectedError)."""
+        headers = {"Content-Type": "application/json", "Connection": "close"}
         response = await self.relay.post(path, data=data, headers=headers)
         self._relayed.add(response)
         return response
