@@ -1,6 +1,6 @@
 """Deployment rules shared by the API and the workers: create, the lifecycle's transitions
 (each one change and its event), what a settled deployment job means for its deployment,
-the reconciler's decisions, and what the gateway reads to route.
+the reconciler's decisions. What the gateway reads to route is store/deployment_routes.py.
 
 Lifecycle (schemas/deployments.py): `pending` (its load job queued) → `loading` (claimed)
 → `ready` → `draining` → `unloaded`; `failed` when the load failed for good (the job's
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Float, func, or_, select, true, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.deployments import (
@@ -40,7 +40,6 @@ from store import changes, leases, nodes, results, runtime
 from store.deployment_tables import Deployment
 from store.errors import Missing, Refused
 from store.models import Job, Node, NodeStream
-from store.runtime_tables import RuntimeEvidence
 
 ENDED = frozenset(state.value for state in ENDED_STATES)
 # A runtime report must be received this long after a deployment's last transition
@@ -603,97 +602,3 @@ async def record_reported(
             .where(Deployment.id == uuid.UUID(deployment_id), Deployment.node_id == node_id)
             .values(queue_depth=depth)
         )
-
-
-# ------------------------------------------------------------------ the gateway's reads
-
-
-@dataclass(frozen=True)
-class Route:
-    """A ready deployment a request may go to, with what the choice weighs."""
-
-    deployment_id: uuid.UUID
-    node_id: uuid.UUID
-    device_id: str
-    model: str
-    roles: tuple[str, ...]
-    queue_depth: int
-    max_concurrent: int
-    cooling: bool
-    # Seconds of cooldown left when read (0: none), for a reader that keeps the route.
-    cooldown_left_s: float
-    # The best probe evidence of what it serves (None: never probed).
-    time_to_first_token_s: float | None
-    generation_tokens_per_s: float | None
-
-
-def _serving(name: str) -> Any:
-    return or_(Deployment.model == name, Deployment.roles.contains(func.to_jsonb(name)))
-
-
-async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
-    """Every ready deployment on an online node, with its evidence; of one model or role
-    when `name` is given."""
-    ttft = RuntimeEvidence.evidence["time_to_first_token_s"].astext.cast(Float)
-    tps = RuntimeEvidence.evidence["generation_tokens_per_s"].astext.cast(Float)
-    rows = await session.execute(
-        select(
-            Deployment,
-            func.greatest(
-                func.extract("epoch", Deployment.cooldown_until - func.statement_timestamp()), 0
-            ).label("cooldown_left_s"),
-            func.min(ttft).label("ttft"),
-            func.max(tps).label("tps"),
-        )
-        .join(Node, Node.id == Deployment.node_id)
-        .outerjoin(
-            RuntimeEvidence,
-            (RuntimeEvidence.node_id == Deployment.node_id)
-            & (RuntimeEvidence.device_id == Deployment.device_id)
-            & (RuntimeEvidence.profile_id == Deployment.profile_id)
-            & (RuntimeEvidence.environment_id == Deployment.environment_id)
-            & (RuntimeEvidence.artifact_digest == Deployment.spec["artifact_digest"].astext),
-        )
-        .where(
-            Deployment.state == DeploymentState.READY.value,
-            _serving(name) if name is not None else true(),
-            Node.liveness == "online",
-            Node.enabled.is_(True),
-        )
-        .group_by(Deployment.id)
-    )
-    found = []
-    for deployment, cooldown_left_s, best_ttft, best_tps in rows.all():
-        left = float(cooldown_left_s or 0.0)
-        found.append(
-            Route(
-                deployment_id=deployment.id,
-                node_id=deployment.node_id,
-                device_id=deployment.device_id,
-                model=deployment.model,
-                roles=tuple(deployment.roles),
-                queue_depth=deployment.queue_depth or 0,
-                max_concurrent=deployment.max_concurrent,
-                cooling=left > 0,
-                cooldown_left_s=left,
-                time_to_first_token_s=best_ttft,
-                generation_tokens_per_s=best_tps,
-            )
-        )
-    return found
-
-
-async def served(session: AsyncSession) -> list[tuple[str, list[str]]]:
-    """(model, roles) of every deployment that has not ended."""
-    rows = await session.execute(
-        select(Deployment.model, Deployment.roles).where(Deployment.state.not_in(list(ENDED)))
-    )
-    return [(model, list(roles)) for model, roles in rows.all()]
-
-
-async def anyone_serves(session: AsyncSession, name: str) -> bool:
-    """Whether a deployment that has not ended serves this model or role (404 if none)."""
-    row = await session.execute(
-        select(Deployment.id).where(Deployment.state.not_in(list(ENDED)), _serving(name)).limit(1)
-    )
-    return row.first() is not None

@@ -16,7 +16,7 @@ import uuid
 from api import security
 from api.gateway.auth import ClientScope
 from api.gateway.cache import GatewayCache
-from store.deployments import Route
+from store.deployment_routes import Route
 
 
 def _client() -> tuple[ClientScope, security.PresentedSecret, bytes]:

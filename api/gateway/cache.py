@@ -37,8 +37,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api import security
 from api.cache_guard import ChangeGuard, kept_by_listen
-from store import deployments
-from store.deployments import Route
+from store import deployment_routes
+from store.deployment_routes import Route
 from store.notify import GATEWAY_CHANGES_CHANNEL
 
 if TYPE_CHECKING:  # api/gateway/auth.py reaches this cache through the API state
@@ -174,7 +174,7 @@ def database_routes(sessions: async_sessionmaker[AsyncSession]) -> ReadRoutes:
 
     async def read() -> list[Route]:
         async with sessions() as session, session.begin():
-            return await deployments.routes(session)
+            return await deployment_routes.routes(session)
 
     return read
 

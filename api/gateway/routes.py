@@ -63,7 +63,7 @@ from schemas.protocol import (
     ROUTE_OVERHEAD_HEADER,
     ROUTE_REASON_HEADER,
 )
-from store import deployments
+from store import deployment_routes, deployments
 from store.errors import Invalid
 
 logger = logging.getLogger("modelforge.api.gateway")
@@ -88,7 +88,7 @@ Arrived = Annotated[float, Depends(_arrived)]
 async def list_models(arrived: Arrived, scope: ServiceClientAuth, state: State) -> ModelListing:
     """The served models and roles this client may call that some deployment serves."""
     async with state.sessions() as session, session.begin():
-        served = await deployments.served(session)
+        served = await deployment_routes.served(session)
     models: dict[str, set[str]] = {}
     roles: set[str] = set()
     for model, model_roles in served:
@@ -199,8 +199,9 @@ class _Call:
         found = await self.state.gateway_cache.routes(self.body.model)
         if not found:
             async with self.state.sessions() as session, session.begin():
-                found = await deployments.routes(session, self.body.model)
-                if not found and not await deployments.anyone_serves(session, self.body.model):
+                name = self.body.model
+                found = await deployment_routes.routes(session, name)
+                if not found and not await deployment_routes.anyone_serves(session, name):
                     self._outcome(ErrorCode.MODEL_NOT_FOUND.value)
                     raise NotFound(
                         f"no deployment serves {self.body.model!r}",

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from store.deployments import Route
+from store.deployment_routes import Route
 
 
 @dataclass(frozen=True)
