@@ -435,8 +435,21 @@ async def _node_view(session: AsyncSession, node: Node) -> NodeView:
     )
 
 
-def _health_due(deployment: Deployment, now: datetime) -> bool:
-    return deployment.health_due_at is not None and deployment.health_due_at <= now
+async def _check_health_if_due(
+    session: AsyncSession,
+    deployment: Deployment,
+    current: Job | None,
+    now: datetime,
+    policy: ReconcilePolicy,
+    actor: str,
+) -> str | None:
+    """Queue its periodic deployment.health.v1 when due and no job of it runs."""
+    due = deployment.health_due_at is not None and deployment.health_due_at <= now
+    if not due or _active(current):
+        return None
+    await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
+    deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
+    return "health queued"
 
 
 async def reconcile_one(
@@ -513,11 +526,7 @@ async def reconcile_one(
         if deployment.failure_code == HEALTH_FAILED and is_loaded:
             # Loaded but failing its checks: being reported loaded says nothing new, only
             # a check that passes makes it ready again (on_settled); else it would flap.
-            if _health_due(deployment, now) and not _active(current):
-                await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
-                deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
-                return "health queued"
-            return None
+            return await _check_health_if_due(session, deployment, current, now, policy, actor)
         if is_loaded and reported:
             deployment.failure_code = deployment.failure_detail = None
             deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
@@ -546,11 +555,7 @@ async def reconcile_one(
                 session, deployment, DeploymentState.PENDING, now, reason="lost", actor=actor
             )
             return "reload queued"
-        if _health_due(deployment, now) and not _active(current):
-            await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
-            deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
-            return "health queued"
-        return None
+        return await _check_health_if_due(session, deployment, current, now, policy, actor)
 
     # pending / loading: the load job moves it; one that ended without a report here
     # (its lease expired on the last attempt) settles it now.

@@ -83,11 +83,10 @@ def presented_secret(authorization: str | None) -> security.PresentedSecret:
 
 
 async def authenticate_client(
-    sessions: async_sessionmaker[AsyncSession], authorization: str | None
+    sessions: async_sessionmaker[AsyncSession], presented: security.PresentedSecret
 ) -> tuple[ClientScope, bytes]:
     """The caller's scope and its secret's digest, from one short transaction of its
     own that only reads."""
-    presented = presented_secret(authorization)
     async with sessions() as session, session.begin():
         try:
             client = await service_clients.authenticate(
@@ -102,11 +101,12 @@ async def client_scope(state: ApiState, authorization: str | None) -> ClientScop
     """The caller's scope: from this process's cache when it admitted the same secret
     before, else from the database (then remembered)."""
     cache = state.gateway_cache
-    cached = cache.client(presented_secret(authorization))
+    presented = presented_secret(authorization)
+    cached = cache.client(presented)
     if cached is not None:
         return cached
     generation = cache.generation
-    scope, digest = await authenticate_client(state.sessions, authorization)
+    scope, digest = await authenticate_client(state.sessions, presented)
     cache.remember_client(digest, scope, generation)
     return scope
 
