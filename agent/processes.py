@@ -77,8 +77,10 @@ def start_process(
     user: str | None = None,
     cwd: Path | None = None,
     parent_death_signal: signal.Signals | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start argv in a new process group; output appends to log_path, or is inherited.
+    pass_fds: descriptors the child inherits (a listening socket).
 
     parent_death_signal: the signal the child gets when this process dies, however it
     dies; the one that stops that program cleanly (see _on_parent_death).
@@ -97,6 +99,7 @@ def start_process(
             cwd=cwd,
             process_group=0,
             preexec_fn=preexec,
+            pass_fds=tuple(pass_fds),
             **as_user(user),
         )
     finally:

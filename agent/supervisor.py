@@ -98,8 +98,10 @@ class ChildProcess:
         *,
         stop_timeout_s: float,
         parent_death_signal: signal.Signals | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self._argv = list(argv)
+        self._pass_fds = tuple(pass_fds)
         self._env = dict(env)
         self._stop_timeout_s = stop_timeout_s
         # What the child gets if this process dies without stopping it (agent/processes.py).
@@ -112,7 +114,10 @@ class ChildProcess:
 
     def start(self) -> None:
         self.proc = start_process(
-            self._argv, env=self._env, parent_death_signal=self._parent_death_signal
+            self._argv,
+            env=self._env,
+            parent_death_signal=self._parent_death_signal,
+            pass_fds=self._pass_fds,
         )
 
     def exit_status(self) -> int | None:

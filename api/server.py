@@ -18,6 +18,7 @@ import uvicorn
 
 from api.app import create_app
 from api.held_streams import HeldStreams
+from api.processes import inherited_socket
 from api.settings import ApiSettings
 
 # uvicorn.run's exit status when the server could not start (uvicorn.config.STARTUP_FAILURE).
@@ -44,8 +45,10 @@ def api_server(settings: ApiSettings, **options: Any) -> ApiServer:
     return ApiServer(config, held)
 
 
-def serve(settings: ApiSettings) -> int:
-    """Run `modelforge api` in the foreground until SIGINT/SIGTERM; the exit status."""
+def serve(settings: ApiSettings, *, listen_fd: int | None = None) -> int:
+    """Run `modelforge api` in the foreground until SIGINT/SIGTERM; the exit status.
+    listen_fd: a listening socket inherited from `--processes N` (api/processes.py),
+    served instead of binding host:port."""
     server = api_server(
         settings,
         host=settings.host,
@@ -57,6 +60,7 @@ def serve(settings: ApiSettings) -> int:
         **settings.uvicorn_tls(),
     )
     # uvicorn raises the stopping signal again once it has stopped: SIGINT arrives here.
+    sockets = [inherited_socket(listen_fd)] if listen_fd is not None else None
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=sockets)
     return 0 if server.started else STARTUP_FAILURE

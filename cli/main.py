@@ -16,14 +16,20 @@ from pathlib import Path
 from pydantic import ValidationError
 
 
-def _api(_: argparse.Namespace) -> int:
-    from api.server import serve
+def _api(args: argparse.Namespace) -> int:
+    from api.processes import default_processes, supervise
+    from api.server import STARTUP_FAILURE, serve
     from api.settings import ApiSettings
     from cli.logging import configure_logging
 
     settings = ApiSettings()
     configure_logging(settings.log_level)
-    return serve(settings)
+    processes = args.processes if args.processes is not None else default_processes()
+    if processes < 1:
+        raise UsageError("--processes must be at least 1")
+    if processes > 1 and args.listen_fd is None:
+        return supervise(settings.host, settings.port, processes, startup_failure=STARTUP_FAILURE)
+    return serve(settings, listen_fd=args.listen_fd)
 
 
 def _migrate(_: argparse.Namespace) -> int:
@@ -208,7 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     add("up", _up, "run the whole stack on embedded PostgreSQL and NATS")
-    add("api", _api, "run the HTTP API (MODELFORGE_DATABASE_URL required)")
+    api = add("api", _api, "run the HTTP API (MODELFORGE_DATABASE_URL required)")
+    api.add_argument(
+        "--processes",
+        type=int,
+        help="API processes serving the one port (default: the machine's cores)",
+    )
+    # Internal: the listener a `--processes N` parent hands to each of its children.
+    api.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     add("migrate", _migrate, "bring the database schema to the latest revision")
     add("relay", _relay, "publish the transactional outbox to JetStream")
     worker = add("worker", _worker, "run the dramatiq workers (liveness, relay, ...)")

@@ -23,40 +23,57 @@ from tests.flows import EnrolledNode, enroll_body, heartbeat_body
 ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
 
 
+def api_env(database_url: str, nats_url: str, port: int, **settings: str) -> dict[str, str]:
+    """The environment of a test's `modelforge api`: this database and NATS, this port,
+    the test operator key, and MODELFORGE_<KEY> settings; nothing of the caller's."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
+        "MODELFORGE_DATABASE_URL": database_url,
+        "MODELFORGE_NATS_URL": nats_url,
+        "MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY,
+        "MODELFORGE_PORT": str(port),
+        "MODELFORGE_LOG_LEVEL": "WARNING",
+        **{f"MODELFORGE_{key.upper()}": value for key, value in settings.items()},
+    }
+
+
+def wait_healthy(url: str, log: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def api_processes(
-    count: int, database_url: str, nats_url: str, log_dir: Path, **settings: str
+    count: int,
+    database_url: str,
+    nats_url: str,
+    log_dir: Path,
+    *,
+    processes: int = 1,
+    **settings: str,
 ) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
-    """(base URL, process) of `count` API processes, healthy; MODELFORGE_<KEY> settings."""
+    """(base URL, process) of `count` API servers, healthy, each on a port of its own
+    and each `modelforge api --processes <processes>`; MODELFORGE_<KEY> settings."""
     started: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         for i in range(count):
             port = free_port()
-            env = {
-                **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
-                "MODELFORGE_DATABASE_URL": database_url,
-                "MODELFORGE_NATS_URL": nats_url,
-                "MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY,
-                "MODELFORGE_PORT": str(port),
-                "MODELFORGE_LOG_LEVEL": "WARNING",
-                **{f"MODELFORGE_{key.upper()}": value for key, value in settings.items()},
-            }
-            argv = [sys.executable, "-m", "cli.main", "api"]
+            env = api_env(database_url, nats_url, port, **settings)
+            argv = [sys.executable, "-m", "cli.main", "api", "--processes", str(processes)]
             proc = start_process(argv, env=env, log_path=log_dir / f"api-{i}.log")
             started.append((f"http://127.0.0.1:{port}", proc))
         for i, (url, _) in enumerate(started):
-            deadline = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, (log_dir / f"api-{i}.log").read_text()
-                time.sleep(0.1)
+            wait_healthy(url, log_dir / f"api-{i}.log")
         yield started
     finally:
         for _, proc in started:
             if proc.poll() is None:
-                stop_process(proc, timeout_s=15)
+                stop_process(proc, timeout_s=45)
 
 
 def metric(client: httpx.Client, sample: str) -> float:
