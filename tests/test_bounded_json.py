@@ -18,6 +18,8 @@ from pydantic import TypeAdapter
 from schemas.bounded import Unreadable, depth, parse, read_capped, read_json
 from schemas.hub import REVISION, TREE
 
+pytestmark = pytest.mark.fast
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='ab[]{}"\\ é'),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),

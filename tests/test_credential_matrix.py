@@ -161,5 +161,6 @@ def test_each_family_accepts_only_its_own_credential(
         assert value.split(".")[-1] not in response.text
 
 
+@pytest.mark.fast
 def test_every_pair_is_covered() -> None:
     assert {(f, k) for f in EXPECTED for k in EXPECTED[f]} == set(CASES)

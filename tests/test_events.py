@@ -37,18 +37,21 @@ def api(
         pipeline.stop()
 
 
+@pytest.mark.fast
 def test_committed_catalog_is_current() -> None:
     assert (ROOT / "docs" / "events.md").read_text() == render(), (
         "docs/events.md is stale; run `modelforge events catalog docs/events.md`"
     )
 
 
+@pytest.mark.fast
 def test_catalog_lists_every_event_type() -> None:
     text = render()
     for event_type in EventType:
         assert f"`{event_type.cloudevent_type}`" in text
 
 
+@pytest.mark.fast
 def test_subject_filters() -> None:
     node = "5b0c3f6e-0000-4000-8000-000000000001"
     assert subject_filter() == "modelforge.v1.>"

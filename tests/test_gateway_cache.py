@@ -13,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from api import security
 from api.gateway.auth import ClientScope
 from api.gateway.cache import GatewayCache
 from store.deployment_routes import Route
+
+pytestmark = pytest.mark.fast
 
 
 def _client() -> tuple[ClientScope, security.PresentedSecret, bytes]:

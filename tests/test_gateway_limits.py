@@ -10,6 +10,8 @@ import pytest
 from api.gateway.auth import ClientScope
 from api.gateway.limits import Admission, ClientLimits, LimitExceeded
 
+pytestmark = pytest.mark.fast
+
 
 class Clock:
     def __init__(self) -> None:

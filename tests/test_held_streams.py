@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
+import pytest
+
 from api.held_streams import HeldStreams
+
+pytestmark = pytest.mark.fast
 
 
 async def test_a_waiting_stream_ends_at_close_all_and_cleans_up() -> None:

@@ -23,6 +23,8 @@ from schemas.agent import EnrollRequest, HeartbeatRequest, InventoryReport, Tele
 from schemas.base import SAFE_INT_MAX
 from tests.flows import gpu, heartbeat_body, inventory_body, telemetry_body
 
+pytestmark = pytest.mark.fast
+
 NODE = "6f1c0c56-3b53-4b5a-9b1c-2d1d5c9b0a11"
 CONTROL = {chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]}
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from api import security
 from api.node_cache import CachedNode, NodeCache
+
+pytestmark = pytest.mark.fast
 
 
 def _entry(node_id: uuid.UUID) -> tuple[CachedNode, security.PresentedSecret]:

@@ -89,6 +89,7 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
+@pytest.mark.fast
 def test_blocks_are_found_and_every_skip_says_why() -> None:
     text = README.read_text()
     blocks = readme_blocks(text)

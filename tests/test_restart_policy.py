@@ -9,6 +9,8 @@ import pytest
 
 from agent.supervisor import CrashLoop, RestartPolicy, Supervisor
 
+pytestmark = pytest.mark.fast
+
 
 class Clock:
     def __init__(self) -> None:

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ValidationError
 
 from schemas import export
 
+pytestmark = pytest.mark.fast
+
 EXPORT_DIR = Path(__file__).resolve().parent.parent / "schemas" / "jsonschema"
 
 

@@ -30,6 +30,8 @@ from agent.errors import (
 from agent.retry import Stopped, backoff_s, retry_transient
 from schemas.agent import EnrollRequest, HeartbeatRequest, TelemetryReport
 
+pytestmark = pytest.mark.fast
+
 CANARY = "canary-echo-0123456789"
 CREDENTIAL = f"mfn.{uuid.uuid4().hex}.client-test-secret-0123456789"
 NODE = uuid.uuid4()

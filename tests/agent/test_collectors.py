@@ -66,6 +66,7 @@ def fake_nvml(
     return nvml
 
 
+@pytest.mark.fast
 def test_nvml_inventory_and_telemetry() -> None:
     nvml = fake_nvml()
     collector = NvmlCollector(nvml)
@@ -84,6 +85,7 @@ def test_nvml_inventory_and_telemetry() -> None:
     assert nvml.state["shutdowns"] == 1
 
 
+@pytest.mark.fast
 def test_nvml_unavailable_is_incomplete_never_empty_and_recovers() -> None:
     nvml = fake_nvml(init_fails=True)
     collector = NvmlCollector(nvml)
@@ -95,6 +97,7 @@ def test_nvml_unavailable_is_incomplete_never_empty_and_recovers() -> None:
     assert collector.inventory().complete and len(collector.inventory().gpus) == 2
 
 
+@pytest.mark.fast
 def test_a_failing_gpu_makes_the_inventory_incomplete_but_keeps_the_others() -> None:
     collector = NvmlCollector(fake_nvml(3, broken={1}))
     inventory = collector.inventory()
@@ -104,6 +107,7 @@ def test_a_failing_gpu_makes_the_inventory_incomplete_but_keeps_the_others() -> 
     assert len(collector.telemetry()) == 2
 
 
+@pytest.mark.fast
 def test_broken_sensor_readings_are_left_out() -> None:
     nvml = fake_nvml(1)
     nvml.nvmlDeviceGetTemperature = lambda h, sensor: 9999  # type: ignore[attr-defined]
@@ -117,6 +121,7 @@ def test_broken_sensor_readings_are_left_out() -> None:
     assert sample.utilization_percent == 37.0
 
 
+@pytest.mark.fast
 def test_cuda_version_text() -> None:
     assert cuda_version_text(12080) == "12.8"
     assert cuda_version_text(11040) == "11.4"
@@ -175,6 +180,7 @@ def test_real_gpus_are_found_through_nvml() -> None:
     assert all(s["memory_used_bytes"] is not None for s in samples)
 
 
+@pytest.mark.fast
 def test_simulated_gpus_are_stable_per_seed_and_telemetry_moves() -> None:
     first = SimulatedCollector("node-a", 4).inventory()
     again = SimulatedCollector("node-a", 4).inventory()
@@ -191,6 +197,7 @@ def test_simulated_gpus_are_stable_per_seed_and_telemetry_moves() -> None:
         assert sample.power_w is not None and 50 < sample.power_w < 800
 
 
+@pytest.mark.fast
 def test_host_facts_and_telemetry(tmp_path: Path) -> None:
     facts = host_facts("configured-name", [str(tmp_path), str(tmp_path), "/no/such/path"])
     assert facts.hostname == "configured-name"
@@ -204,6 +211,7 @@ def test_host_facts_and_telemetry(tmp_path: Path) -> None:
     assert host.facts().hostname and host.telemetry().storage
 
 
+@pytest.mark.fast
 def test_a_host_declared_without_gpus_is_complete() -> None:
     collection = NoGpus().inventory()
     assert collection.complete and collection.gpus == []

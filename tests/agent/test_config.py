@@ -32,6 +32,7 @@ def write(path: Path, data: object) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_deep_merge_replaces_leaves_and_merges_mappings() -> None:
     base = {"a": 1, "nested": {"x": 1, "y": {"z": 1}}, "list": [1, 2]}
     override = {"nested": {"y": {"w": 2}}, "list": [3], "b": 2}
@@ -44,6 +45,7 @@ def test_deep_merge_replaces_leaves_and_merges_mappings() -> None:
     assert base["nested"] == {"x": 1, "y": {"z": 1}}  # inputs untouched
 
 
+@pytest.mark.fast
 def test_override_file_then_environment_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,6 +77,7 @@ def test_override_file_then_environment_win(
     assert config.state_dir == tmp_path / "state"
 
 
+@pytest.mark.fast
 def test_the_tracked_example_is_valid_and_holds_only_placeholders() -> None:
     config = load_config(EXAMPLE)
     assert "example" in config.api_url and config.api_url.startswith("https://")
@@ -83,6 +86,7 @@ def test_the_tracked_example_is_valid_and_holds_only_placeholders() -> None:
     assert config.ca_bundle is not None
 
 
+@pytest.mark.fast
 def test_enrollment_token_from_config_env_or_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +119,7 @@ def test_enrollment_token_from_config_env_or_file(
         ({"enrollment_token": [SECRET]}, "enrollment_token"),
     ],
 )
+@pytest.mark.fast
 def test_invalid_settings_are_named_without_echoing_values(
     tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:
@@ -124,6 +129,7 @@ def test_invalid_settings_are_named_without_echoing_values(
     assert "canary" not in str(caught.value)
 
 
+@pytest.mark.fast
 def test_unreadable_or_odd_files_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.yaml")
@@ -140,6 +146,7 @@ def test_unreadable_or_odd_files_are_config_errors(tmp_path: Path) -> None:
         load_config(tmp_path / "empty.yaml")
 
 
+@pytest.mark.fast
 def test_defaults() -> None:
     config = AgentConfig(api_url="https://a", state_dir=Path("/s"))
     assert config.collector == "nvml" and config.heartbeat_interval_s is None

@@ -12,6 +12,8 @@ import pytest
 from agent.diagnostics import QUIET_LOGGERS, configure_logging, failure_line, redact
 from agent.errors import FailureClass, Transient
 
+pytestmark = pytest.mark.fast
+
 CREDENTIAL = f"mfn.{uuid.uuid4().hex}.diagnostics-secret-0123456789"
 TOKEN = f"mfe.{uuid.uuid4().hex}.diagnostics-token-0123456789"
 

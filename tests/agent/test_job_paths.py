@@ -25,6 +25,8 @@ from agent.jobs.paths import (
 )
 from schemas.base import FILE_PATH_PATTERN, FilePath
 
+pytestmark = pytest.mark.fast
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # Names the Hub accepts and a filesystem holds: spaces, non-ASCII, `~`, parentheses.
 SEGMENT = st.text(alphabet="abcXYZ019_.+=@-~() é日", min_size=1, max_size=8)

@@ -13,6 +13,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from agent.client import ProtocolClient, make_http_client
 from agent.jobs.paths import STAGING_DIR
 from agent.jobs.sweep import StagingSweep, Verdict, verdict
@@ -62,6 +64,7 @@ def _staging(root: Path, name: str, age_s: float = 0) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_with_no_answer_only_old_staging_goes(tmp_path: Path) -> None:
     root = tmp_path / "models"
     old = _staging(root, str(uuid.uuid4()), age_s=3600)

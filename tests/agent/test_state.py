@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from agent.errors import StateError
 from agent.state import Identity, Sequences, StateDir, atomic_write
 
+pytestmark = pytest.mark.fast
+
 CREDENTIAL = f"mfn.{uuid.uuid4().hex}.canary-credential-secret-0123456789"
 
 

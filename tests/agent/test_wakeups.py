@@ -3,8 +3,12 @@ the kind the note names, or every loop when it names none (an older API)."""
 
 from __future__ import annotations
 
+import pytest
+
 from agent.jobs.wakeups import Wakeups, note_kind
 from schemas.jobs import JobKind
+
+pytestmark = pytest.mark.fast
 
 
 async def test_a_note_wakes_the_loops_of_its_kind_and_a_kindless_one_every_loop() -> None:

@@ -30,6 +30,7 @@ def dead_letter_page(broker: JetStreamBroker, **kwargs: Any) -> dead_letters.Dea
     return broker.run(dead_letters.list_dead_letters(broker.runtime.js, broker.names, **kwargs))
 
 
+@pytest.mark.fast
 def test_names_never_collide() -> None:
     names = Names("modelforge")
     # "." is not allowed in consumer names; "~" is not allowed in queue names.
@@ -40,6 +41,7 @@ def test_names_never_collide() -> None:
     assert names.dead_letter_stream == "MODELFORGE_DEAD_LETTERS"
 
 
+@pytest.mark.fast
 def test_dedupe_id_per_generation() -> None:
     message: Message[Any] = Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
     assert dedupe_id(message) == message.message_id

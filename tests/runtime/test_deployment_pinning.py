@@ -146,6 +146,7 @@ class TwoCpus(CpuBackend):
                 for d in ("gpu:0", "cpu")]  # fmt: skip
 
 
+@pytest.mark.fast
 def test_a_pinned_device_is_never_chosen_for_a_local_model(tmp_path: Path) -> None:
     config = RuntimeConfig(llama_server_path=tmp_path / "llama-server", run_dir=tmp_path / "run")
     worker = RuntimeWorker(config, backends=[TwoCpus()])

@@ -3,10 +3,13 @@ the queue."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.runtime.selection import Candidate, choose_device
+
+pytestmark = pytest.mark.fast
 
 
 def c(device: str, loaded: str | None = None, pending: int = 0, free: int | None = 0) -> Candidate:

@@ -80,12 +80,14 @@ def test_every_flag_of_the_built_llama_server_is_allowed_or_refused(
     assert all(REFUSED[name] is Family.REMOVED for name in removed)
 
 
+@pytest.mark.fast
 def test_the_tables_do_not_overlap() -> None:
     assert not set(ALLOWED) & set(REFUSED)
     assert not set(ALIASES) & (set(ALLOWED) | set(REFUSED))
     assert set(ALIASES.values()) <= set(ALLOWED)
 
 
+@pytest.mark.fast
 def test_the_dangerous_families_are_classified_as_such() -> None:
     for flag in ("agent", "tools", "tools-runtime", "mcp-servers-config", "mcp-servers-json",
                  "webui", "ui", "ui-mcp-proxy", "webui-config-file"):  # fmt: skip
@@ -95,6 +97,7 @@ def test_the_dangerous_families_are_classified_as_such() -> None:
     assert {Family.TOOLS, Family.MANAGED} == LOCAL_REFUSED
 
 
+@pytest.mark.fast
 def test_profile_refusals_check_type_and_bounds() -> None:
     assert profile_refusals({"parallel": 4, "temp": 0.2, "cont-batching": True}) == []
     refused = {r.flag: r.reason for r in profile_refusals(
@@ -104,6 +107,7 @@ def test_profile_refusals_check_type_and_bounds() -> None:
     assert "spelled parallel" in refused["np"]
 
 
+@pytest.mark.fast
 def test_the_node_operator_keeps_files_but_never_tools() -> None:
     assert local_refusals({"log-file": "/var/log/x", "slot-save-path": "/srv"}) == []
     assert [r.flag for r in local_refusals({"agent": True, "port": 1, "temp": 1})] == [
@@ -116,6 +120,7 @@ def test_the_node_operator_keeps_files_but_never_tools() -> None:
     "name", ["LLAMA_ARG_TOOLS", "LLAMA_ARG_HOST", "LLAMA_API_KEY", "LLAMA_APP_CMD", "HF_TOKEN",
              "MTMD_BACKEND_DEVICE", "CUDA_VISIBLE_DEVICES", "llama_arg_agent"],
 )  # fmt: skip
+@pytest.mark.fast
 def test_llama_server_inherits_no_variable_that_would_set_a_flag(name: str) -> None:
     kept = child_environment({name: "x", "PATH": "/usr/bin", "HOME": "/root"})
     assert kept == {"PATH": "/usr/bin", "HOME": "/root"}

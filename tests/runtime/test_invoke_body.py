@@ -4,11 +4,14 @@ bound stays within the worker's ceiling, and what was not set is left out."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.runtime.invoke import llama_body
 from schemas.gateway import InvokeParams
+
+pytestmark = pytest.mark.fast
 
 ALLOWED = {
     "model", "messages", "max_tokens", "temperature", "top_p", "seed", "presence_penalty",

@@ -34,6 +34,8 @@ from schemas.protocol import (
 )
 from tests.runtime.deployment_node import GATEWAY, StandIn, invoke, stand_in, until
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def worker(tmp_path: Path) -> RuntimeWorker:

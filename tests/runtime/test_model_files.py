@@ -11,6 +11,8 @@ import pytest
 from agent.runtime.jobs import RuntimeFailed
 from agent.runtime.probe import model_file
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_regular_file_inside_a_root_is_taken(tmp_path: Path) -> None:
     root = tmp_path / "models"

@@ -13,6 +13,8 @@ from agent.runtime.backends import UnsupportedBackend, backend
 from agent.runtime.config import ModelSpec, load_runtime_config
 from agent.runtime.server import LOOPBACK, server_argv
 
+pytestmark = pytest.mark.fast
+
 BINARY = Path("/opt/llama/llama-server")
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 (what the config must refuse)
 

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agent.client import ProtocolClient
 from agent.runtime.config import RuntimeConfig
@@ -21,6 +22,7 @@ from tests.runtime_flows import BINARY_SHA256
 ENVIRONMENT = EnvironmentReport(binary_sha256=BINARY_SHA256, version="b1", backend="cpu")
 
 
+@pytest.mark.fast
 def test_sequences_never_repeat_across_restarts(tmp_path: Path) -> None:
     path = tmp_path / "runtime.sequence"
     first = SequenceFile(path)
