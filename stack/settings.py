@@ -17,5 +17,7 @@ class StackSettings(BaseSettings):
     nats_url: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8080, gt=0, lt=65536)
+    # `modelforge api --processes`; unset: its default, the machine's cores.
+    api_processes: int | None = Field(default=None, ge=1)
     # Unset: generated on the first run and kept in <data_dir>/operator_api_key.
     operator_api_key: SecretStr | None = None

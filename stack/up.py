@@ -219,6 +219,8 @@ class _Stack:
             # The worker carries the outbox relay and the liveness sweeps.
             for name in ("api", "worker"):
                 argv = [sys.executable, "-m", "cli.main", name]
+                if name == "api" and self.settings.api_processes is not None:
+                    argv += ["--processes", str(self.settings.api_processes)]
                 child = ChildProcess(
                     argv,
                     env,

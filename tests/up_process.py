@@ -92,9 +92,16 @@ class UpProcess:
 
 
 # What tells each child apart in `ps`; the name `up` reports it by.
+def _command(argv: list[str]) -> str | None:
+    """The `modelforge` subcommand of a `python -m cli.main <command> ...` argv."""
+    if "cli.main" in argv[:-1]:
+        return argv[argv.index("cli.main") + 1]
+    return None
+
+
 CHILDREN: dict[str, Callable[[list[str]], bool]] = {
-    "modelforge api": lambda argv: argv[-2:] == ["cli.main", "api"],
-    "modelforge worker": lambda argv: argv[-2:] == ["cli.main", "worker"],
+    "modelforge api": lambda argv: _command(argv) == "api",
+    "modelforge worker": lambda argv: _command(argv) == "worker",
     "nats-server": lambda argv: bool(argv) and argv[0].endswith("nats-server"),
     "PostgreSQL": lambda argv: bool(argv) and argv[0].endswith("/postgres") and "-D" in argv,
 }

@@ -158,10 +158,13 @@ class Stack:
             self.hub.stop()
 
 
-def setup(stack: Stack, binary: Path, model: Path) -> tuple[StackApi, str, int, str]:
+def setup(
+    stack: Stack, binary: Path, model: Path, api_processes: int
+) -> tuple[StackApi, str, int, str]:
     """The stack up to a ready deployment: (api, client secret, API pid, direct url)."""
     port = free_port()
-    stack.up = UpProcess(stack.workdir / "data", port)
+    env = {"MODELFORGE_API_PROCESSES": str(api_processes)}
+    stack.up = UpProcess(stack.workdir / "data", port, env)
     stack.up.wait_for(r"Operator key: ", timeout_s=180)
     key = (stack.workdir / "data" / "operator_api_key").read_text().strip()
     api = StackApi(f"http://127.0.0.1:{port}", key)
@@ -372,6 +375,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40, help="per round")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    parser.add_argument(
+        "--api-processes", type=int, default=1, help="`modelforge api --processes` (default 1)"
+    )
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
     binary = runtime_bench._built()
@@ -380,7 +386,7 @@ def main() -> None:
     stack = Stack(workdir)
     keep = args.keep
     try:
-        api, secret, api_pid, direct = setup(stack, binary, model)
+        api, secret, api_pid, direct = setup(stack, binary, model, args.api_processes)
         rows = asyncio.run(measure(api.base_url, secret, direct, api_pid, args.requests, levels))
         report(rows)
     except BaseException:
