@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -32,6 +32,7 @@ from agent.errors import (
     RequestFailed,
     Transient,
 )
+from agent.failover import FailoverTransport, environment_proxy
 from schemas.admin import CreateEnrollmentToken, EnrollmentTokenCreated
 from schemas.agent import (
     EnrollRequest,
@@ -135,24 +136,44 @@ def make_http_client(
     timeout_s: float = 10.0,
     max_connections: int = 10,
     trust_env: bool = True,
+    failover: Sequence[str] = (),
 ) -> httpx.AsyncClient:
+    """The control plane's client. failover: more endpoints of the same control plane,
+    used in order when the current one cannot be reached (agent/failover.py)."""
+    endpoints = [api_url.rstrip("/"), *(url.rstrip("/") for url in failover)]
     # Plain http (development) needs no TLS context, so no CA file has to exist for it.
-    secure = api_url.lower().startswith("https://")
+    secure = any(url.lower().startswith("https://") for url in endpoints)
+    verify: ssl.SSLContext | bool = (tls or TlsOptions()).ssl_context() if secure else True
+    limits = httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        # Below the API's keep-alive (KEEP_ALIVE_S, 30 s): the client drops an idle
+        # connection before the server does, so a heartbeat never races the server's
+        # close (a reset, retried, but a failure all the same).
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
+    transport: FailoverTransport | None = None
+    if len(endpoints) > 1:
+
+        def pool(endpoint: str) -> httpx.AsyncBaseTransport:
+            # Each endpoint's own proxy from the environment, as httpx would pick it.
+            proxy = environment_proxy(endpoint) if trust_env else None
+            return httpx.AsyncHTTPTransport(
+                verify=verify, limits=limits, trust_env=trust_env, proxy=proxy
+            )
+
+        transport = FailoverTransport(endpoints, pool)
     return httpx.AsyncClient(
-        base_url=api_url.rstrip("/"),
-        verify=(tls or TlsOptions()).ssl_context() if secure else True,
+        base_url=endpoints[0],
+        verify=verify,
         timeout=httpx.Timeout(timeout_s),
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            # Below the API's keep-alive (KEEP_ALIVE_S, 30 s): the client drops an idle
-            # connection before the server does, so a heartbeat never races the server's
-            # close (a reset, retried, but a failure all the same).
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-        ),
+        limits=limits,
         headers={"User-Agent": f"modelforge-agent/{AGENT_VERSION}"},
         follow_redirects=False,
-        trust_env=trust_env,
+        # With several endpoints the proxies are the transport's, per endpoint: the
+        # client's own would take every request past it.
+        trust_env=trust_env and transport is None,
+        transport=transport,
     )
 
 

@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from agent.client import TlsOptions
 from agent.errors import ConfigError
+from agent.failover import checked_endpoint, checked_failover
 from schemas.base import RootPath
 
 ENV_PREFIX = "MODELFORGE_AGENT_"
@@ -54,6 +55,9 @@ class AgentConfig(YamlSettings):
     )
 
     api_url: str = Field(description="the control plane, e.g. https://modelforge.internal:8443")
+    # More endpoints of the same control plane, used in order when the current one
+    # cannot be reached (agent/failover.py).
+    api_urls: list[str] = Field(default_factory=list, max_length=16)
     state_dir: Path = Field(description="identity, credential and stream cursors (0700)")
     # First start only; ignored once the state dir holds an identity.
     enrollment_token: SecretStr | None = None
@@ -124,9 +128,12 @@ class AgentConfig(YamlSettings):
     @field_validator("api_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("https://", "http://")):
-            raise ValueError("api_url must start with https:// (or http:// for development)")
-        return value.rstrip("/")
+        return checked_endpoint(value)
+
+    @model_validator(mode="after")
+    def _failover(self) -> AgentConfig:
+        self.api_urls = checked_failover(self.api_url, self.api_urls)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:

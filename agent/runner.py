@@ -125,6 +125,7 @@ class Agent:
                 tls=tls,
                 timeout_s=config.request_timeout_s,
                 trust_env=config.trust_env,
+                failover=config.api_urls,
             )
         except (OSError, ValueError) as exc:
             raise ConfigError(
@@ -257,7 +258,7 @@ class Agent:
         )
         if self.config.enrollment_token is not None or self.config.enrollment_token_file:
             logger.info("the state dir holds an identity: the enrollment token is not used")
-        if identity.api_url != self.config.api_url:
+        if identity.api_url not in (self.config.api_url, *self.config.api_urls):
             logger.warning(
                 "this node enrolled with %s but api_url is now %s",
                 identity.api_url,

@@ -151,6 +151,7 @@ async def _control_plane(config: RuntimeConfig, worker: RuntimeWorker, stop: asy
         timeout_s=config.request_timeout_s,
         trust_env=config.trust_env,
         max_connections=CONTROL_PLANE_CONNECTIONS,
+        failover=config.api_urls,
     ) as http:
         client = ProtocolClient(http, identity.credential)
 

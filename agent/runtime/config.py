@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, Field, Strict, field_validator, 
 from pydantic_settings import SettingsConfigDict
 
 from agent.config import YamlSettings, load_settings
+from agent.failover import checked_endpoint, checked_failover
 from schemas.llama_flags import local_refusals
 from schemas.runtime import LlamaTuning, ServerArg
 
@@ -85,6 +86,8 @@ class RuntimeConfig(YamlSettings):
     # state dir, whose identity and credential the runtime worker uses, read only.
     # Without api_url the worker serves its local endpoints and reports nowhere.
     api_url: str | None = None
+    # More endpoints of the same control plane, as the agent's config has them.
+    api_urls: list[str] = Field(default_factory=list, max_length=16)
     state_dir: Path | None = None
     ca_bundle: Path | None = None
     client_cert: Path | None = None
@@ -149,8 +152,9 @@ class RuntimeConfig(YamlSettings):
     def _control_plane(self) -> RuntimeConfig:
         if self.api_url is not None and self.state_dir is None:
             raise ValueError("api_url needs state_dir (the agent's, for the node credential)")
-        if self.api_url is not None and not self.api_url.startswith(("https://", "http://")):
-            raise ValueError("api_url must start with https:// (or http:// for development)")
+        if self.api_url is not None:
+            self.api_url = checked_endpoint(self.api_url)
+        self.api_urls = checked_failover(self.api_url, self.api_urls)
         return self
 
     def model(self, model_id: str) -> ModelSpec | None:

@@ -117,6 +117,10 @@ def test_enrollment_token_from_config_env_or_file(
         ({"telemetry_interval_s": 0}, "telemetry_interval_s"),
         ({"client_key": "/k.pem"}, "client_key needs client_cert"),
         ({"enrollment_token": [SECRET]}, "enrollment_token"),
+        ({"api_urls": ["ftp://y"]}, "api_urls must start with https://"),
+        ({"api_urls": ["http://127.0.0.1:1/"]}, "must not repeat"),
+        ({"api_urls": ["http://127.0.0.1:2", "http://127.0.0.1:2"]}, "must not repeat"),
+        ({"api_urls": ["http://127.0.0.1:2/other"]}, "not on api_url's path"),
     ],
 )
 @pytest.mark.fast
@@ -144,6 +148,17 @@ def test_unreadable_or_odd_files_are_config_errors(tmp_path: Path) -> None:
     (tmp_path / "empty.yaml").write_text("")
     with pytest.raises(ConfigError, match="api_url"):
         load_config(tmp_path / "empty.yaml")
+
+
+@pytest.mark.fast
+def test_failover_endpoints_are_normalised(tmp_path: Path) -> None:
+    config = load_config(
+        api_url="https://a.internal:8443/",
+        api_urls=["https://b.internal:8443/", "http://127.0.0.1:8080"],
+        state_dir=str(tmp_path),
+    )
+    assert config.api_url == "https://a.internal:8443"
+    assert config.api_urls == ["https://b.internal:8443", "http://127.0.0.1:8080"]
 
 
 @pytest.mark.fast
