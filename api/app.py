@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.admin.routes import router as admin_router
+from api.agent.fast_path import fast_routes
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
 from api.gateway.cache import database_routes, gateway_cache
@@ -120,4 +121,6 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(agent_router)
     app.include_router(health_router)
     app.include_router(admin_router)
+    # Ahead of everything: the fleet's routine heartbeats and cached telemetry.
+    app.router.routes[0:0] = fast_routes()
     return app

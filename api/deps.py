@@ -60,7 +60,8 @@ class NodeRequest:
     state: ApiState
 
 
-def _cached(state: ApiState, presented: security.PresentedSecret | None) -> CachedNode | None:
+def cached_node(state: ApiState, presented: security.PresentedSecret | None) -> CachedNode | None:
+    """The node cache's entry for a presented node credential, if the cache may answer."""
     if presented is None or not state.settings.heartbeat_cache or not state.heartbeats.ready:
         return None
     return state.node_cache.lookup(presented)
@@ -69,7 +70,7 @@ def _cached(state: ApiState, presented: security.PresentedSecret | None) -> Cach
 async def node_outside_transaction(state: ApiState, authorization: str | None) -> AuthenticatedNode:
     """The node of a request that holds no transaction (the notification channel):
     from the node cache, or one short transaction of its own."""
-    cached = _cached(state, presented_credential(authorization))
+    cached = cached_node(state, presented_credential(authorization))
     if cached is not None:
         return admit_cached(cached, state.heartbeats.database_now())
     async with state.sessions() as session, session.begin():
@@ -83,7 +84,7 @@ async def _node_transaction(
     # lock: its stream row lock orders its samples, and a revocation, disable or
     # decommission reaches every replica's cache within milliseconds (the same bound
     # as a routine heartbeat's). Anything else is authenticated under the node lock.
-    cached = _cached(state, presented_credential(authorization))
+    cached = cached_node(state, presented_credential(authorization))
     async with state.sessions() as session, session.begin():
         if cached is not None:
             node = admit_cached(cached, state.heartbeats.database_now())
@@ -98,7 +99,7 @@ async def _heartbeat_call(
     # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
     # no node lock up front, taken only when there is an event to emit.
     presented = presented_credential(authorization)
-    cached = _cached(state, presented)
+    cached = cached_node(state, presented)
     if cached is not None:
         yield HeartbeatCall(state, authorization, presented, cached=cached)
         return

@@ -51,6 +51,13 @@ class ApiMetrics:
             ["path"],
             registry=self.registry,
         )
+        self.fast_path = Counter(
+            "modelforge_fast_path",
+            "Fleet requests the raw routes answered, or declined to the documented route"
+            " (api/agent/fast_path.py)",
+            ["route", "outcome"],
+            registry=self.registry,
+        )
         self.heartbeats_flushed = Counter(
             "modelforge_heartbeat_timestamps_flushed",
             "Routine heartbeat timestamps written by the group commit",

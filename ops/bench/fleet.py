@@ -60,11 +60,14 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pids: list[int]) -> float:
+    """CPU of the processes and of their children that have exited (cutime, cstime):
+    PostgreSQL's backends come and go, and counting only the live ones made the
+    figure fall, even below zero, when a busy backend ended during the window."""
     total = 0
     for pid in pids:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += sum(int(field) for field in fields[11:15])
     return total / TICKS
 
 
@@ -138,7 +141,9 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 @contextlib.contextmanager
-def stack(workdir: Path, env: dict[str, str]) -> Iterator[tuple[str, str, str, dict[str, int]]]:
+def stack(
+    workdir: Path, env: dict[str, str], api_processes: int
+) -> Iterator[tuple[str, str, str, dict[str, int]]]:
     """(API URL, operator key, libpq DSN, pids by role) of a fresh stack."""
     from stack.embedded_nats import EmbeddedNats
 
@@ -164,7 +169,9 @@ def stack(workdir: Path, env: dict[str, str]) -> Iterator[tuple[str, str, str, d
         worker_argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "4"]
         with (
             hb.child(
-                [sys.executable, "-m", "cli.main", "api"], api_env, workdir / "api.log"
+                [sys.executable, "-m", "cli.main", "api", "--processes", str(api_processes)],
+                api_env,
+                workdir / "api.log",
             ) as api,
             hb.child(worker_argv, common, workdir / "worker.log") as worker,
         ):
@@ -427,13 +434,13 @@ def drive_wrk(
 def run_size(
     nodes: int, args: argparse.Namespace, workdir: Path, env: dict[str, str]
 ) -> SizeResult:
-    with stack(workdir, env) as (api_url, admin_key, dsn, pids):
+    with stack(workdir, env, args.api_processes) as (api_url, admin_key, dsn, pids):
         window = Window(pids)
         if args.driver == "wrk":
             driven = drive_wrk(nodes, args, api_url, admin_key, workdir, window)
         else:
             driven = drive_simulate(nodes, args, api_url, admin_key, workdir, env, window)
-        api_rss = rss_mib(pids["api"])
+        api_rss = sum(rss_mib(pid) for pid in tree(pids["api"]))
         metrics = httpx.get(f"{api_url}/metrics", timeout=10).text
         falses = asyncio.run(false_transitions(dsn, window.since))
     routine = _metric(metrics, "modelforge_heartbeats_total", path="routine")
@@ -465,6 +472,12 @@ def main() -> int:
         "--warmup", type=float, default=30.0, help="seconds of the steady state not timed"
     )
     parser.add_argument("--per-process", type=int, default=2500, help="nodes per simulator")
+    parser.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="`modelforge api --processes` (default 1; /metrics figures are then one process's)",
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="per simulator")
     parser.add_argument(
         "--driver",
