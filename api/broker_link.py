@@ -7,12 +7,22 @@ NATS is down; only the dead-letter routes answer 503 then.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from api.errors import ServiceUnavailable
+from broker.jetstream.settings import nats_servers
+
+logger = logging.getLogger("modelforge.api.broker")
+
+
+async def _quiet(error: Exception) -> None:
+    # nats-py's default logs each failed attempt with a traceback (a cluster member that
+    # is down, on every connect that tries it); the callers report the outcome.
+    logger.debug("nats: %s", error)
 
 
 class BrokerLink:
@@ -33,11 +43,12 @@ class BrokerLink:
                 try:
                     self._nc = await asyncio.wait_for(
                         nats.connect(
-                            self._url,
+                            servers=nats_servers(self._url),
                             allow_reconnect=False,
                             max_reconnect_attempts=1,
                             connect_timeout=self._timeout_s,
                             name="modelforge-api",
+                            error_cb=_quiet,
                         ),
                         self._timeout_s * 2,
                     )

@@ -27,6 +27,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from broker.jetstream.settings import nats_servers
 from schemas.events import SUBJECT_PREFIX, EventType
 
 logger = logging.getLogger("modelforge.api.notifications")
@@ -92,11 +93,12 @@ class NotificationHub:
             try:
                 nc = await asyncio.wait_for(
                     nats.connect(
-                        nats_url,
+                        servers=nats_servers(nats_url),
                         allow_reconnect=False,
                         max_reconnect_attempts=1,
                         connect_timeout=2,
                         name="modelforge-api-notifications",
+                        error_cb=_quiet,
                     ),
                     5,
                 )
@@ -119,6 +121,12 @@ class NotificationHub:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
             delay = min(delay * 2, 10.0)
+
+
+async def _quiet(error: Exception) -> None:
+    # Instead of nats-py's traceback per failed attempt (e.g. a cluster member that is
+    # down); run() reports the outcome.
+    logger.debug("notifications: nats: %s", error)
 
 
 @contextlib.asynccontextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig, StreamInfo
+from nats.js.api import Placement, StorageType, StreamConfig, StreamInfo
 
 from broker.jetstream.declare import declare_stream
 from schemas.protocol import EVENTS_STREAM
@@ -25,6 +25,7 @@ class StreamSpec:
     duplicate_window_s: float
     max_age_s: float
     replicas: int = 1
+    placement: Placement | None = None
 
     def config(self) -> StreamConfig:
         return StreamConfig(
@@ -34,16 +35,20 @@ class StreamSpec:
             duplicate_window=self.duplicate_window_s,
             max_age=self.max_age_s,
             num_replicas=self.replicas,
+            placement=self.placement,
         )
 
 
-def events_stream(replicas: int = 1) -> StreamSpec:
+def events_stream(replicas: int = 1, placement: Placement | None = None) -> StreamSpec:
+    """The node event stream. Its durable consumers (audit, reconcile, anyone's) leave
+    their replicas unset and so have the stream's."""
     return StreamSpec(
         name=EVENTS_STREAM,
         subjects=EVENTS_SUBJECTS,
         duplicate_window_s=DUPLICATE_WINDOW_S,
         max_age_s=7 * 24 * 3600.0,
         replicas=replicas,
+        placement=placement,
     )
 
 

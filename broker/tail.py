@@ -16,6 +16,7 @@ import nats
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import DeliverPolicy
 
+from broker.jetstream.settings import nats_servers
 from broker.streams import EVENTS_STREAM
 
 
@@ -38,7 +39,12 @@ async def tail(nats_url: str, options: TailOptions, emit: Callable[[dict[str, An
 
     # Bounded: with reconnects on, nats-py retries an unreachable first server forever.
     nc = await asyncio.wait_for(
-        nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, error_cb=quiet),
+        nats.connect(
+            servers=nats_servers(nats_url),
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            error_cb=quiet,
+        ),
         timeout=10,
     )
     try:

@@ -29,7 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker.streams import declare, events_stream
+from broker.streams import StreamSpec, declare, events_stream
 from schemas.events import CloudEvent
 from schemas.protocol import EVENTS_STREAM
 from store.engine import database_down
@@ -53,6 +53,9 @@ class EventConsumer:
     fetch_timeout_s: float = 1.0
     max_backoff_s: float = 2.0
     metrics: PipelineMetrics | None = None
+    # Declared on every new connection (replicas and placement from the settings);
+    # the durable consumer has no replicas of its own, so it inherits the stream's.
+    stream: StreamSpec = field(default_factory=events_stream)
     terminated: int = field(default=0, init=False)
     _nc: NatsClient | None = field(default=None, init=False, repr=False)
     _sub: JetStreamContext.PullSubscription | None = field(default=None, init=False, repr=False)
@@ -77,7 +80,7 @@ class EventConsumer:
         nc = await self.connect()
         try:
             js = nc.jetstream(timeout=5.0)
-            await declare(js, events_stream())
+            await declare(js, self.stream)
             self._sub = await js.pull_subscribe(
                 self.filter_subject,
                 durable=self.durable,

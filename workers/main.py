@@ -65,6 +65,7 @@ def run_worker_process(
         relay_poll_interval_s=settings.relay_poll_interval_s,
         consumer_batch_size=settings.consumer_batch_size,
         consumer_ack_wait_s=settings.consumer_ack_wait_s,
+        stream=settings.events_stream(),
     )
     if pipeline.relay or pipeline.consumers:
         broker.add_middleware(PipelineMiddleware(database, pipeline, PipelineMetrics(registry)))

@@ -11,11 +11,12 @@ and shared. Tests run the same `Pipeline` in a thread beside an in-process API.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from broker.streams import StreamSpec, events_stream
 from store.notify import OUTBOX_CHANNEL, listening
 from workers import audit, reconcile
 from workers.consumer import EventConsumer
@@ -32,6 +33,8 @@ class PipelineSettings:
     relay_poll_interval_s: float = 1.0
     consumer_batch_size: int = 200
     consumer_ack_wait_s: float = 30.0
+    # The events stream as the relay and the consumers declare it (replicas, placement).
+    stream: StreamSpec = field(default_factory=events_stream)
 
 
 class Pipeline:
@@ -45,7 +48,9 @@ class Pipeline:
         self.settings = settings
         self._database_url = database_url
         connect = partial(connect_nats, settings.nats_url)
-        self.relay = OutboxRelay(sessions, connect, batch_size=settings.relay_batch_size)
+        self.relay = OutboxRelay(
+            sessions, connect, batch_size=settings.relay_batch_size, stream=settings.stream
+        )
         self.consumers: list[EventConsumer] = []
         if settings.consumers:
             self.consumers = [
@@ -57,6 +62,7 @@ class Pipeline:
                     batch_size=settings.consumer_batch_size,
                     ack_wait_s=settings.consumer_ack_wait_s,
                     metrics=metrics,
+                    stream=settings.stream,
                 )
                 for kind in (audit, reconcile)
             ]

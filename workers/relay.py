@@ -35,7 +35,8 @@ from sqlalchemy import Row, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from broker.streams import declare, events_stream
+from broker.jetstream.settings import nats_servers
+from broker.streams import StreamSpec, declare, events_stream
 from store.models import OutboxEvent
 from store.notify import OUTBOX_CHANNEL, listening
 from workers.settings import RelaySettings
@@ -56,26 +57,29 @@ Connect = Callable[[], Awaitable[NatsClient]]
 
 
 async def connect_nats(url: str, timeout_s: float = 2.0) -> NatsClient:
-    """One connection attempt, bounded by timeout_s; the relay's loop does the retrying.
+    """One connection attempt, bounded by timeout_s per server; the relay's loop does
+    the retrying. url: one server or a comma-separated list of a cluster's servers.
 
     allow_reconnect=False: a dropped connection closes the client instead of buffering
-    publishes for a later replay. nats-py still tries a server max_reconnect_attempts+1
-    times inside one connect (0 would mean forever), hence 1 and the outer bound.
+    publishes for a later replay. nats-py still tries each server
+    max_reconnect_attempts+1 times inside one connect (0 would mean forever), hence 1 and
+    the outer bound, which leaves time to get past a server that does not answer.
     """
+    servers = nats_servers(url)
 
     async def quiet(exc: Exception) -> None:
         logger.debug("nats: %s", exc)
 
     return await asyncio.wait_for(
         nats.connect(
-            url,
+            servers=servers,
             allow_reconnect=False,
             max_reconnect_attempts=1,
             reconnect_time_wait=0.1,
             connect_timeout=timeout_s,
             error_cb=quiet,
         ),
-        timeout=timeout_s,
+        timeout=timeout_s * len(servers),
     )
 
 
@@ -87,6 +91,8 @@ class OutboxRelay:
     batch_size: int = 200
     publish_timeout_s: float = 5.0
     max_backoff_s: float = 2.0
+    # Declared on every new connection (replicas and placement from the settings).
+    stream: StreamSpec = field(default_factory=events_stream)
     _nc: NatsClient | None = field(default=None, init=False, repr=False)
     # One context per connection: its first publish_async subscribes the ack inbox.
     _js: JetStreamContext | None = field(default=None, init=False, repr=False)
@@ -99,7 +105,7 @@ class OutboxRelay:
         nc = await self.connect()
         js = nc.jetstream(timeout=self.publish_timeout_s)
         try:
-            await declare(js, events_stream())
+            await declare(js, self.stream)
         except BaseException:
             await close_quietly(nc)
             raise
@@ -274,8 +280,10 @@ async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
         make_sessionmaker(engine),
         partial(connect_nats, settings.nats_url),
         batch_size=settings.relay_batch_size,
+        stream=settings.events_stream(),
     )
-    logger.info("outbox relay starting against %s", _without_credentials(settings.nats_url))
+    where = ", ".join(_without_credentials(url) for url in nats_servers(settings.nats_url))
+    logger.info("outbox relay starting against %s", where)
     try:
         async with listening(settings.database_url, OUTBOX_CHANNEL) as wake:
             await relay.run(stop, settings.relay_poll_interval_s, wake)

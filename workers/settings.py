@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from broker.jetstream.settings import ReplicationSettings
+from broker.streams import StreamSpec, events_stream
 from store.settings import LeaseSettings
 
 
-class RelaySettings(BaseSettings):
+class RelaySettings(ReplicationSettings):
+    """The relay and the event consumers; the events stream's replicas and placement
+    (MODELFORGE_REPLICAS, MODELFORGE_PLACEMENT_*) are the broker's, read from the same
+    variables."""
+
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
     database_url: str
@@ -19,6 +25,9 @@ class RelaySettings(BaseSettings):
     # the fallback for a notification missed while its connection was re-established.
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
     log_level: str = "INFO"
+
+    def events_stream(self) -> StreamSpec:
+        return events_stream(self.replicas, self.placement())
 
 
 class WorkerSettings(RelaySettings, LeaseSettings):

@@ -41,6 +41,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from broker.jetstream.settings import nats_servers
 from schemas.gateway import Invoke, InvokeCancel
 from schemas.protocol import INVOKE_SUBJECTS, invoke_node_subject, invoke_reply_subject
 
@@ -178,7 +179,7 @@ class InvokeRelay:
             try:
                 nc = await asyncio.wait_for(
                     nats.connect(
-                        self._nats_url,
+                        servers=nats_servers(self._nats_url),
                         name="modelforge-api-invokes",
                         connect_timeout=2,
                         max_reconnect_attempts=-1,

@@ -36,6 +36,7 @@ def tasks_stream_config(names: Names, settings: BrokerSettings) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         duplicate_window=settings.dedupe_window_s,
         num_replicas=settings.replicas,
+        placement=settings.placement(),
     )
 
 
@@ -50,6 +51,7 @@ def dead_letter_stream_config(names: Names, settings: BrokerSettings) -> StreamC
         max_age=settings.dead_letter_max_age_s,
         duplicate_window=settings.dedupe_window_s,
         num_replicas=settings.replicas,
+        placement=settings.placement(),
     )
 
 
@@ -68,6 +70,9 @@ def queue_consumer_config(
         max_deliver=-1,
         max_ack_pending=settings.max_ack_pending,
         replay_policy=ReplayPolicy.INSTANT,
+        # num_replicas unset (0): the consumer has its stream's replicas, so on an R3
+        # stream it survives the loss of a server with it; a work-queue stream's
+        # consumers must match the stream anyway.
     )
 
 

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+from nats.js.api import Placement
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class BrokerSettings(BaseSettings):
+def nats_servers(url: str) -> list[str]:
+    """MODELFORGE_NATS_URL as nats-py's server list: one URL or a comma-separated list
+    of a cluster's servers (any of them is enough to reach the cluster; the client
+    learns the others from the server and moves to one of them when its own is lost)."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("no NATS server URL given")
+    return servers
+
+
+class ReplicationSettings(BaseSettings):
+    """Where JetStream keeps the streams a process declares (and, through them, their
+    durable consumers, which inherit the stream's replicas). Every process that declares
+    streams (workers, relays) must be given the same values: each declaration brings an
+    existing stream to its own configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
+
+    # MODELFORGE_REPLICAS: 1 for a single server, 3 on a production cluster (every
+    # stream then survives the loss of one server; 5 survives two).
+    replicas: int = Field(default=1, ge=1, le=5)
+    # MODELFORGE_PLACEMENT_CLUSTER / MODELFORGE_PLACEMENT_TAGS (comma-separated): put the
+    # streams on that cluster of a supercluster and/or on servers carrying every tag
+    # (nats-server `server_tags`). Unset: wherever the server picks.
+    placement_cluster: str | None = None
+    placement_tags: str = ""
+
+    def placement(self) -> Placement | None:
+        tags = [tag.strip() for tag in self.placement_tags.split(",") if tag.strip()]
+        if self.placement_cluster is None and not tags:
+            return None
+        return Placement(cluster=self.placement_cluster, tags=tags or None)
+
+
+class BrokerSettings(ReplicationSettings):
     """Everything build_broker() needs; nothing is read from the environment elsewhere."""
 
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore", frozen=True)
@@ -39,8 +74,6 @@ class BrokerSettings(BaseSettings):
     # Nats-Msg-Id dedupe horizon on both streams.
     dedupe_window_s: float = Field(default=120.0, gt=0)
     dead_letter_max_age_s: float = Field(default=30 * 24 * 3600.0, gt=0)
-    # Stream replicas: 1 for a single server, 3 for a production cluster.
-    replicas: int = Field(default=1, ge=1, le=5)
     # Bound on every request/reply to the server (publish ack, ack_sync, API calls).
     api_timeout_s: float = Field(default=5.0, gt=0)
     # Bound on the first connection; after that the client reconnects forever.
@@ -59,4 +92,4 @@ class BrokerSettings(BaseSettings):
 
     @property
     def servers(self) -> list[str]:
-        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+        return nats_servers(self.nats_url)
