@@ -12,6 +12,7 @@ track of its request and, on close, waits for it to end (a message, or the serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -30,6 +31,11 @@ _NO_MESSAGES = "404"
 _REQUEST_TIMEOUT = "408"
 _CONFLICT = "409"
 _CONTROL = "100"
+# No responders: nothing serves the consumer's pull subject. On a cluster that is the
+# moment between a consumer leader's loss and the next election (or a consumer not yet
+# placed); the client must not spin on it.
+_NO_RESPONDERS = "503"
+_NO_LEADER_BACKOFF_S = 0.25
 # How long past its expiry a request with no answer is presumed lost (reconnect).
 _GRACE_S = 0.5
 
@@ -50,6 +56,8 @@ class Puller:
         # Monotonic time by which every request we ever sent has surely expired.
         self._all_expired_at = 0.0
         self._open_until = 0.0
+        # Pull requests answered 503 in a row (see _NO_RESPONDERS).
+        self._unserved = 0
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -86,6 +94,15 @@ class Puller:
         except NatsTimeoutError:
             return None
         status = (msg.headers or {}).get(_STATUS)
+        if status == _NO_RESPONDERS:
+            self._open = False
+            await self._unserved_wait(timeout_s)
+            return None
+        if self._unserved and status != _CONTROL:
+            logger.info(
+                "%s: served again after %d refused pulls", self._next_subject, self._unserved
+            )
+            self._unserved = 0
         if status is None:
             self._open = False  # batch of one: the request is fulfilled
             return msg
@@ -100,6 +117,19 @@ class Puller:
         elif status not in (_NO_MESSAGES, _REQUEST_TIMEOUT):
             logger.warning("unexpected pull status %s %s", status, msg.headers)
         return None
+
+    async def _unserved_wait(self, timeout_s: float) -> None:
+        """No consumer leader answers (an election, or the consumer being placed): one
+        line when it starts, and the next request only after a short pause."""
+        self._unserved += 1
+        if self._unserved == 1:
+            logger.warning(
+                "%s: no responders (consumer leader lost or not elected yet); pulling every"
+                " %g s until it answers",
+                self._next_subject,
+                _NO_LEADER_BACKOFF_S,
+            )
+        await asyncio.sleep(min(_NO_LEADER_BACKOFF_S, max(timeout_s, 0.0)))
 
     async def close(self) -> list[Msg]:
         """Wait for open requests to end, unsubscribe, and return the deliveries that
