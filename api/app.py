@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.admin.routes import router as admin_router
+from api.agent.auth import warm
 from api.agent.fast_path import fast_routes
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
@@ -25,7 +30,7 @@ from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
-from api.node_cache import node_cache
+from api.node_cache import NodeCache, node_cache
 from api.notifications import notification_hub
 from api.presence import presence_beat
 from api.settings import ApiSettings
@@ -34,6 +39,20 @@ from schemas.protocol import INVOKE_STREAM
 from store.engine import make_engine, make_sessionmaker
 
 logger = logging.getLogger("modelforge.api")
+
+
+async def _warm(
+    cache: NodeCache,
+    sessions: async_sessionmaker[AsyncSession],
+    observe: Callable[[datetime], None],
+) -> None:
+    try:
+        stored = await warm(cache, sessions, observe)
+    except (OSError, SQLAlchemyError) as exc:
+        # Not fatal: the cache then fills one transactional heartbeat at a time.
+        logger.warning("the node cache was not warmed: %s", type(exc).__name__)
+        return
+    logger.info("node cache warmed with %d credentials of online nodes", stored)
 
 
 def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -> FastAPI:
@@ -93,7 +112,11 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
                 )
-                yield
+                warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))
+                try:
+                    yield
+                finally:
+                    warming.cancel()
         finally:
             await manifests.close()
             await broker.close()

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Row, Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api import security
-from api.errors import Forbidden, Unauthenticated
-from api.node_cache import CachedNode
+from api.errors import ApiError, Forbidden, Unauthenticated
+from api.node_cache import CachedNode, NodeCache
+from schemas.admin import Liveness
 from schemas.errors import ErrorCode
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
@@ -67,25 +70,27 @@ async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None
     )
 
 
+def _credentials() -> Select[*tuple[Any, ...]]:
+    """What admitting a credential reads: the credential, its node, the database clock."""
+    return select(
+        NodeCredential.id.label("credential_id"),
+        NodeCredential.digest,
+        NodeCredential.revoked_at,
+        Node.id,
+        Node.enabled,
+        Node.decommissioned_at,
+        Node.agent_version,
+        Node.protocol_version,
+        Node.capabilities,
+        Node.liveness,
+        func.statement_timestamp().label("now"),
+    ).join(Node, Node.id == NodeCredential.node_id)
+
+
 async def _load(session: AsyncSession, credential_id: uuid.UUID) -> Row[Any] | None:
-    return (
-        await session.execute(
-            select(
-                NodeCredential.digest,
-                NodeCredential.revoked_at,
-                Node.id,
-                Node.enabled,
-                Node.decommissioned_at,
-                Node.agent_version,
-                Node.protocol_version,
-                Node.capabilities,
-                Node.liveness,
-                func.statement_timestamp().label("now"),
-            )
-            .join(Node, Node.id == NodeCredential.node_id)
-            .where(NodeCredential.id == credential_id)
-        )
-    ).one_or_none()
+    query = _credentials().where(NodeCredential.id == credential_id)
+    row: Row[Any] | None = (await session.execute(query)).one_or_none()
+    return row
 
 
 def _admit(row: Row[Any], credential_id: uuid.UUID, serialized: bool) -> AuthenticatedNode:
@@ -125,6 +130,65 @@ async def authenticate_node(
     if not security.matches(presented.secret, row.digest if row else None) or row is None:
         raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
     return _admit(row, presented.id, serialize)
+
+
+async def cacheable(session: AsyncSession) -> tuple[list[CachedNode], datetime | None]:
+    """Every credential the node cache could hold now, admitted by the same rule as a
+    request's (online nodes only, as a committed heartbeat leaves them), and the
+    database clock: what warms a new API process's cache (api/node_cache.py: warm)."""
+    rows = (
+        await session.execute(
+            _credentials().where(
+                Node.liveness == Liveness.ONLINE.value, NodeCredential.revoked_at.is_(None)
+            )
+        )
+    ).all()
+    entries = []
+    for row in rows:
+        try:
+            node = _admit(row, row.credential_id, serialized=False)
+        except ApiError:
+            continue
+        entries.append(
+            CachedNode(
+                node_id=node.node_id,
+                credential_id=node.credential_id,
+                digest=row.digest,
+                agent_version=node.agent_version,
+                protocol_version=node.protocol_version,
+                capabilities=tuple(sorted(set(node.capabilities))),
+            )
+        )
+    now = rows[0].now if rows else None
+    return entries, now
+
+
+async def warm(
+    cache: NodeCache,
+    sessions: async_sessionmaker[AsyncSession],
+    observe: Callable[[datetime], None],
+    *,
+    listening_within_s: float = 10.0,
+) -> int:
+    """Fill a new process's node cache from the database in one read, so that a fleet
+    heartbeating at a restarted (or added) API is answered routinely from its first
+    heartbeat instead of one transaction per node (the return storm); `observe` gets
+    the database clock (the heartbeat buffer's, which the cache needs). The read is
+    guarded like any other: a node changed while it ran is not stored. How many were
+    stored; none while LISTEN is down (the cache holds nothing then)."""
+    deadline = asyncio.get_running_loop().time() + listening_within_s
+    while not cache.listening:
+        if asyncio.get_running_loop().time() > deadline:
+            return 0
+        await asyncio.sleep(0.05)
+    generation = cache.generation
+    async with sessions() as session, session.begin():
+        entries, now = await cacheable(session)
+    if now is not None:
+        observe(now)
+    for entry in entries:
+        cache.remember(entry, generation)
+    return len(cache)
 
 
 def admit_cached(cached: CachedNode, received_at: datetime) -> AuthenticatedNode:
