@@ -80,3 +80,40 @@ def test_compose_requires_an_operator_key(tmp_path: Path) -> None:
     result = compose_config(tmp_path)
     assert result.returncode != 0
     assert "set an operator key" in result.stderr
+
+
+def test_compose_nats_cluster_profile(tmp_path: Path) -> None:
+    servers = ["nats-1", "nats-2", "nats-3"]
+    url = ",".join(f"nats://{name}:4222" for name in servers)
+    result = compose_config(
+        tmp_path,
+        MODELFORGE_OPERATOR_API_KEY="compose-test-key",
+        MODELFORGE_NATS_URL=url,
+        MODELFORGE_REPLICAS="3",
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    routes = ",".join(f"nats://{name}:6222" for name in servers)
+    volumes = set()
+    for name in servers:
+        service = services[name]
+        assert service["profiles"] == ["nats-cluster"]
+        assert service["image"].startswith("nats:2.10")
+        command = service["command"]
+        assert command[command.index("--server_name") + 1] == name
+        assert command[command.index("--cluster_name") + 1] == "modelforge"
+        assert command[command.index("--routes") + 1] == routes
+        assert "-js" in command
+        assert "http://localhost:8222/healthz" in service["healthcheck"]["test"]
+        volume = service["volumes"][0]  # "source:target:mode" or a mapping, by version
+        volumes.add(volume.split(":")[0] if isinstance(volume, str) else volume["source"])
+    assert len(volumes) == len(servers)  # a store dir each
+    # The single server stays the default; the profile's servers are opt-in.
+    assert "profiles" not in services["nats"]
+    for name in ("migrate", "api", "worker"):
+        env = services[name]["environment"]
+        assert env["MODELFORGE_NATS_URL"] == url
+        assert env["MODELFORGE_REPLICAS"] == "3"
+    default = compose_config(tmp_path, MODELFORGE_OPERATOR_API_KEY="compose-test-key")
+    worker = yaml.safe_load(default.stdout)["services"]["worker"]["environment"]
+    assert worker["MODELFORGE_REPLICAS"] == "1"
