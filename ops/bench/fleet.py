@@ -110,6 +110,7 @@ class SizeResult:
     api_rss_mib: float
     routine_share: float
     settle_s: float | None = None
+    error_kinds: str = ""
 
     def lines(self) -> list[str]:
         per = 1000 / self.nodes * 60 / self.steady_s if self.steady_s else 0.0
@@ -126,6 +127,7 @@ class SizeResult:
             f" p99 {ms(self.p99_ms)};"
             f" {self.heartbeats} sent, {self.errors} errors;"
             f" {self.routine_share:.0%} routine at the API",
+            *([f"  errors: {self.error_kinds}"] if self.error_kinds else []),
             f"  false stale/offline transitions: {self.false_transitions}",
             f"  CPU s per 1,000 nodes per minute: {cpu}; API RSS {self.api_rss_mib:.0f} MiB",
         ]
@@ -241,6 +243,8 @@ class Driven:
     errors: int
     # wrk: seconds of warm-up until the fleet settled (no transactional heartbeats).
     settle_s: float | None = None
+    # wrk: the errors by phase and kind.
+    error_kinds: str = ""
 
 
 def drive_simulate(
@@ -428,6 +432,16 @@ def drive_wrk(
         heartbeats=beat.requests,
         errors=beat.errors + telemetry.errors + sum(r.errors for r in warm_results),
         settle_s=settled_s,
+        error_kinds="; ".join(
+            f"{phase} {result.described()}"
+            for phase, result in [
+                ("warm-up heartbeats", warm_results[0]),
+                ("warm-up telemetry", warm_results[1]),
+                ("heartbeats", beat),
+                ("telemetry", telemetry),
+            ]
+            if result.errors
+        ),
     )
 
 
@@ -460,6 +474,7 @@ def run_size(
         api_rss_mib=api_rss,
         routine_share=routine / (routine + transactional) if routine + transactional else 0.0,
         settle_s=driven.settle_s,
+        error_kinds=driven.error_kinds,
     )
 
 

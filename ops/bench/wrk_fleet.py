@@ -102,6 +102,11 @@ class PacedResult:
     p50_s: float
     p99_s: float
     errors: int
+    # By kind (wrk's: status = a non-2xx answer; connect, read, write, timeout).
+    kinds: dict[str, int]
+
+    def described(self) -> str:
+        return ", ".join(f"{kind} {count}" for kind, count in self.kinds.items() if count)
 
 
 def requests_file(path: Path, lines: list[tuple[str, str]]) -> Path:
@@ -154,5 +159,6 @@ def result(proc: subprocess.Popen[str], timeout_s: float) -> PacedResult:
     if proc.returncode != 0 or found is None:
         raise RuntimeError(f"wrk failed ({proc.returncode}):\n{out[-2000:]}")
     data = json.loads(found.group(1))
-    errors = sum(data[k] for k in ("status", "connect", "read", "write", "timeout"))
-    return PacedResult(data["requests"], data["p50_us"] / 1e6, data["p99_us"] / 1e6, errors)
+    kinds = {k: int(data[k]) for k in ("status", "connect", "read", "write", "timeout")}
+    p50_s, p99_s = data["p50_us"] / 1e6, data["p99_us"] / 1e6
+    return PacedResult(data["requests"], p50_s, p99_s, sum(kinds.values()), kinds)
