@@ -18,6 +18,11 @@ per size:
   /proc over the steady state), and the API's RSS at the end;
 * the API's own view (its /metrics): heartbeats by path, and the server-side latency.
 
+`--return-storm` (wrk driver): then every API process is stopped for 2x the offline
+threshold and started again, the fleet heartbeating at its cadence from the moment it
+answers: seconds until every node is online and heard again, heartbeat p50/p99 over the
+storm, errors, and false stale/offline transitions since the stop (must be 0).
+
 The simulators share the machine's CPUs with everything they measure: at the larger
 sizes they are part of what saturates it, which the CPU figures show.
 """
@@ -38,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +61,8 @@ HEARTBEAT_S = 10.0
 STALE_S = 30.0
 OFFLINE_S = 90.0
 WARMUP_MAX_S = 300.0
+# The return storm: how long the returning fleet may take to be all online.
+STORM_MAX_S = 300.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -111,6 +118,7 @@ class SizeResult:
     routine_share: float
     settle_s: float | None = None
     error_kinds: str = ""
+    storm: Storm | None = None
 
     def lines(self) -> list[str]:
         per = 1000 / self.nodes * 60 / self.steady_s if self.steady_s else 0.0
@@ -130,6 +138,7 @@ class SizeResult:
             *([f"  errors: {self.error_kinds}"] if self.error_kinds else []),
             f"  false stale/offline transitions: {self.false_transitions}",
             f"  CPU s per 1,000 nodes per minute: {cpu}; API RSS {self.api_rss_mib:.0f} MiB",
+            *([self.storm.line()] if self.storm else []),
         ]
 
 
@@ -142,11 +151,32 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+class ApiChild:
+    """The stack's `modelforge api`, which the return storm stops and starts again."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.argv, self.env, self.log = argv, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, url: str) -> int:
+        from agent.processes import start_process
+
+        self.proc = start_process(self.argv, env=self.env, log_path=self.log, cwd=hb.ROOT)
+        hb.wait_healthy("the API", url, self.proc, self.log)
+        return self.proc.pid
+
+    def stop(self) -> None:
+        from agent.processes import stop_process
+
+        if self.proc is not None:
+            stop_process(self.proc, sig=signal.SIGTERM, timeout_s=45.0)
+
+
 @contextlib.contextmanager
 def stack(
     workdir: Path, env: dict[str, str], api_processes: int
-) -> Iterator[tuple[str, str, str, dict[str, int]]]:
-    """(API URL, operator key, libpq DSN, pids by role) of a fresh stack."""
+) -> Iterator[tuple[str, str, str, dict[str, int], ApiChild]]:
+    """(API URL, operator key, libpq DSN, pids by role, the API) of a fresh stack."""
     from stack.embedded_nats import EmbeddedNats
 
     admin_key = secrets.token_urlsafe(24)
@@ -169,22 +199,16 @@ def stack(
         api_url = f"http://127.0.0.1:{port}"
         dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
         worker_argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "4"]
-        with (
-            hb.child(
-                [sys.executable, "-m", "cli.main", "api", "--processes", str(api_processes)],
-                api_env,
-                workdir / "api.log",
-            ) as api,
-            hb.child(worker_argv, common, workdir / "worker.log") as worker,
-        ):
-            hb.wait_healthy("the API", api_url, api, workdir / "api.log")
-            postgres = _postgres_pid(workdir)
-            yield (
-                api_url,
-                admin_key,
-                dsn,
-                {"api": api.pid, "worker": worker.pid, "postgres": postgres},
-            )
+        api_argv = [sys.executable, "-m", "cli.main", "api", "--processes", str(api_processes)]
+        api = ApiChild(api_argv, api_env, workdir / "api.log")
+        with hb.child(worker_argv, common, workdir / "worker.log") as worker:
+            try:
+                api_pid = api.start(api_url)
+                postgres = _postgres_pid(workdir)
+                pids = {"api": api_pid, "worker": worker.pid, "postgres": postgres}
+                yield api_url, admin_key, dsn, pids, api
+            finally:
+                api.stop()
 
 
 def _postgres_pid(workdir: Path) -> int:
@@ -245,6 +269,8 @@ class Driven:
     settle_s: float | None = None
     # wrk: the errors by phase and kind.
     error_kinds: str = ""
+    # wrk: starts the fleet's heartbeats and telemetry for a given time (the storm).
+    fleet_for: Callable[[float], list[subprocess.Popen[str]]] | None = None
 
 
 def drive_simulate(
@@ -432,6 +458,7 @@ def drive_wrk(
         heartbeats=beat.requests,
         errors=beat.errors + telemetry.errors + sum(r.errors for r in warm_results),
         settle_s=settled_s,
+        fleet_for=both,
         error_kinds="; ".join(
             f"{phase} {result.described()}"
             for phase, result in [
@@ -445,10 +472,80 @@ def drive_wrk(
     )
 
 
+@dataclass(frozen=True)
+class Storm:
+    outage_s: float
+    # From the API answering again until every node is recorded online and heard since.
+    all_online_s: float | None
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    false_transitions: int
+
+    def line(self) -> str:
+        online = "never" if self.all_online_s is None else f"{self.all_online_s:.1f} s"
+        return (
+            f"  return storm (API down {self.outage_s:.0f} s): every node online after"
+            f" {online}; heartbeat p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms;"
+            f" {self.errors} errors; false stale/offline transitions {self.false_transitions}"
+        )
+
+
+async def _heard_since(dsn: str, since: float) -> int:
+    connection = await asyncpg.connect(dsn)
+    try:
+        count: int = await connection.fetchval(
+            "SELECT count(*) FROM nodes WHERE liveness = 'online'"
+            " AND last_heartbeat_at > to_timestamp($1)",
+            since,
+        )
+    finally:
+        await connection.close()
+    return count
+
+
+def return_storm(
+    nodes: int,
+    api: ApiChild,
+    api_url: str,
+    dsn: str,
+    fleet_for: Callable[[float], list[subprocess.Popen[str]]],
+) -> Storm:
+    """Every API process stopped for 2x the offline threshold, then started again, the
+    fleet heartbeating at its cadence from the moment it answers (wrk paces the
+    returning nodes as their agents would, each at its own point of the period)."""
+    outage_s = 2 * OFFLINE_S
+    began = time.time()
+    api.stop()
+    time.sleep(outage_s)
+    api.start(api_url)
+    back = time.time()
+    procs = fleet_for(STORM_MAX_S)
+    all_online_s = None
+    while time.time() - back < STORM_MAX_S - 5:
+        if asyncio.run(_heard_since(dsn, back)) >= nodes:
+            all_online_s = time.time() - back
+            break
+        time.sleep(1)
+    # A few more periods, so the storm's latency is not only its first seconds.
+    time.sleep(HEARTBEAT_S)
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    beat, telemetry = (wrk_fleet.result(proc, 60) for proc in procs)
+    return Storm(
+        outage_s=outage_s,
+        all_online_s=all_online_s,
+        p50_ms=beat.p50_s * 1e3,
+        p99_ms=beat.p99_s * 1e3,
+        errors=beat.errors + telemetry.errors,
+        false_transitions=asyncio.run(false_transitions(dsn, began)),
+    )
+
+
 def run_size(
     nodes: int, args: argparse.Namespace, workdir: Path, env: dict[str, str]
 ) -> SizeResult:
-    with stack(workdir, env, args.api_processes) as (api_url, admin_key, dsn, pids):
+    with stack(workdir, env, args.api_processes) as (api_url, admin_key, dsn, pids, api):
         window = Window(pids)
         if args.driver == "wrk":
             driven = drive_wrk(nodes, args, api_url, admin_key, workdir, window)
@@ -457,6 +554,10 @@ def run_size(
         api_rss = sum(rss_mib(pid) for pid in tree(pids["api"]))
         metrics = httpx.get(f"{api_url}/metrics", timeout=10).text
         falses = asyncio.run(false_transitions(dsn, window.since))
+        storm = None
+        if args.return_storm:
+            assert driven.fleet_for is not None, "the return storm needs --driver wrk"
+            storm = return_storm(nodes, api, api_url, dsn, driven.fleet_for)
     routine = _metric(metrics, "modelforge_heartbeats_total", path="routine")
     transactional = _metric(metrics, "modelforge_heartbeats_total", path="transactional")
     assert window.cpu is not None
@@ -475,6 +576,7 @@ def run_size(
         routine_share=routine / (routine + transactional) if routine + transactional else 0.0,
         settle_s=driven.settle_s,
         error_kinds=driven.error_kinds,
+        storm=storm,
     )
 
 
@@ -487,6 +589,12 @@ def main() -> int:
         "--warmup", type=float, default=30.0, help="seconds of the steady state not timed"
     )
     parser.add_argument("--per-process", type=int, default=2500, help="nodes per simulator")
+    parser.add_argument(
+        "--return-storm",
+        action="store_true",
+        help="after the steady state, stop the API for 2x the offline threshold and time"
+        " the fleet's return (wrk driver)",
+    )
     parser.add_argument(
         "--api-processes",
         type=int,
