@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from agent.errors import StateError
 from schemas.admin import CredentialRotated
 from schemas.agent import SEQUENCE_MAX
-from schemas.protocol import NODE_CREDENTIAL_PREFIX, secret_pattern
+from schemas.protocol import NODE_CREDENTIAL_PREFIX, StreamName, secret_pattern
 
 logger = logging.getLogger("modelforge.agent.state")
 
@@ -43,7 +43,7 @@ IDENTITY_FILE = "identity.json"
 CURSORS_FILE = "cursors.json"
 LOCK_FILE = "agent.lock"
 WRITE_LOCK_FILE = ".write.lock"
-STREAMS = ("inventory", "telemetry")
+STREAMS: tuple[str, ...] = (StreamName.INVENTORY, StreamName.TELEMETRY)
 FORMAT = 1
 DIR_MODE = 0o700
 FILE_MODE = 0o600

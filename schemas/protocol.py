@@ -6,7 +6,20 @@ from here; none of them spells them out again.
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Final
+
+
+class StreamName(StrEnum):
+    """A node's sequenced streams: each has its own sequence, cursor and last-good state
+    (node_streams rows, created at enrollment), and its own route. The one place a
+    stream is named."""
+
+    INVENTORY = "inventory"
+    TELEMETRY = "telemetry"
+    # The runtime worker's report (RUNTIME below).
+    RUNTIME = "runtime"
+
 
 # Routes -------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from schemas.artifacts import (
 from schemas.errors import ErrorCode
 from schemas.events import EventType
 from schemas.jobs import FailureCode, JobKind
+from schemas.protocol import StreamName
 from store import changes, leases, nodes
 from store.errors import Invalid
 from store.models import Job, Node, NodeArtifact, NodeStream
@@ -37,7 +38,7 @@ async def allowed_roots(session: AsyncSession, node_id: uuid.UUID) -> list[str]:
     payload = (
         await session.execute(
             select(NodeStream.good_payload).where(
-                NodeStream.node_id == node_id, NodeStream.stream == "inventory"
+                NodeStream.node_id == node_id, NodeStream.stream == StreamName.INVENTORY
             )
         )
     ).scalar_one_or_none()

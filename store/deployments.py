@@ -36,6 +36,7 @@ from schemas.deployments import (
 from schemas.errors import ErrorCode
 from schemas.events import DeploymentEvent, EventType
 from schemas.jobs import JobKind, JobState
+from schemas.protocol import StreamName
 from store import changes, leases, nodes, results, runtime
 from store.deployment_tables import Deployment
 from store.errors import Missing, Refused
@@ -419,7 +420,7 @@ async def _node_view(session: AsyncSession, node: Node) -> NodeView:
     stream = (
         await session.execute(
             select(NodeStream).where(
-                NodeStream.node_id == node.id, NodeStream.stream == runtime.RUNTIME_STREAM
+                NodeStream.node_id == node.id, NodeStream.stream == StreamName.RUNTIME
             )
         )
     ).scalar_one_or_none()

@@ -19,6 +19,7 @@ from schemas.artifacts import DigestAlgorithm
 from schemas.errors import ErrorCode
 from schemas.events import EventType, RuntimeProfileCreated
 from schemas.jobs import JobKind
+from schemas.protocol import StreamName
 from schemas.runtime import (
     ArtifactRef,
     DeviceJobCreate,
@@ -44,7 +45,6 @@ from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimePro
 
 # Every kind the runtime worker claims through …/runtime-probes/next.
 KINDS = (JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD)
-RUNTIME_STREAM = "runtime"
 # First key of the advisory lock that numbers a profile name's versions: "mfrp".
 _PROFILE_LOCK = 0x6D667270
 
@@ -128,7 +128,7 @@ async def node_runtime(session: AsyncSession, node_id: uuid.UUID) -> dict[str, A
     payload = (
         await session.execute(
             select(NodeStream.good_payload).where(
-                NodeStream.node_id == node_id, NodeStream.stream == RUNTIME_STREAM
+                NodeStream.node_id == node_id, NodeStream.stream == StreamName.RUNTIME
             )
         )
     ).scalar_one_or_none()

@@ -108,7 +108,8 @@ def test_a_killed_api_loses_at_most_one_interval_and_no_node_goes_stale(
     database_url: str, nats_url: str, tmp_path: Path
 ) -> None:
     stale_s = 2.0
-    settings = {
+    # Any: MODELFORGE_<KEY> settings for api_processes, whose own `processes` is an int.
+    settings: dict[str, Any] = {
         "stale_after_s": str(stale_s),
         "offline_after_s": "4",
         "heartbeat_flush_interval_s": str(FLUSH_S),

@@ -30,6 +30,7 @@ from schemas.deployments import (
 from schemas.deployments import HealthJobView as DeploymentHealthJobView
 from schemas.deployments import UnloadJobView as DeploymentUnloadJobView
 from schemas.jobs import JobFailureView, JobKind, JobState, JobView, LeaseView
+from schemas.protocol import StreamName
 from schemas.runtime import (
     ArtifactRef,
     HealthJobView,
@@ -101,8 +102,8 @@ def node_detail(
     gpus: list[Gpu],
     has_active_credential: bool,
 ) -> NodeDetail:
-    inventory = streams.get("inventory")
-    telemetry = streams.get("telemetry")
+    inventory = streams.get(StreamName.INVENTORY)
+    telemetry = streams.get(StreamName.TELEMETRY)
     return NodeDetail(
         **node_summary(node, liveness).model_dump(),
         capabilities=list(node.capabilities),

@@ -13,10 +13,11 @@ from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node_actor
+from schemas.protocol import StreamName
 from store import changes, nodes
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
-STREAMS = ("inventory", "telemetry", "runtime")
+STREAMS = tuple(StreamName)
 
 
 async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToken, datetime]:

@@ -34,7 +34,7 @@ from api.deps import cached_node
 from api.metrics import counted_ingest
 from api.state import ApiState
 from schemas.agent import HeartbeatRequest, TelemetryReport
-from schemas.protocol import HEARTBEAT, TELEMETRY
+from schemas.protocol import HEARTBEAT, TELEMETRY, StreamName
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 M = TypeVar("M", bound=BaseModel)
@@ -154,7 +154,7 @@ class _Telemetry(_Endpoint):
         report = _parsed(TelemetryReport, scope, body)
         if report is None:
             return False
-        with counted_ingest(state.metrics, "telemetry") as count:
+        with counted_ingest(state.metrics, StreamName.TELEMETRY) as count:
             async with state.sessions() as session, session.begin():
                 node = admit_cached(cached, state.heartbeats.database_now())
                 result = count(

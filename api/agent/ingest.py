@@ -23,6 +23,7 @@ from api.errors import Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied, node_actor
+from schemas.protocol import StreamName
 from schemas.runtime_local import RuntimeReport
 from store import changes, deployments, inventory, runtime
 from store.models import NodeStream
@@ -139,10 +140,11 @@ async def ingest_inventory(
 ) -> IngestResult:
     node.require_owns(report.node_id)
     payload = report.model_dump(mode="json", include={"complete", "host"})
-    advanced = await _advance(session, node, "inventory", report, payload, future_skew_limit_s)
+    stream = StreamName.INVENTORY
+    advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
     if advanced.decision.applied:
         inventory.accept(session, node.node_id, report, advanced.received_at)
-    return _result(node, "inventory", report.sequence, advanced)
+    return _result(node, stream, report.sequence, advanced)
 
 
 async def ingest_telemetry(
@@ -154,8 +156,9 @@ async def ingest_telemetry(
 ) -> IngestResult:
     node.require_owns(report.node_id)
     payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
-    advanced = await _advance(session, node, "telemetry", report, payload, future_skew_limit_s)
-    return _result(node, "telemetry", report.sequence, advanced)
+    stream = StreamName.TELEMETRY
+    advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
+    return _result(node, stream, report.sequence, advanced)
 
 
 async def ingest_runtime(
@@ -168,7 +171,7 @@ async def ingest_runtime(
     """The runtime worker's report: a stream of its own with inventory's ordering."""
     node.require_owns(report.node_id)
     payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
-    stream = runtime.RUNTIME_STREAM
+    stream = StreamName.RUNTIME
     advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
     if advanced.decision.applied:
         await runtime.record_environments(session, node.node_id, report, advanced.received_at)

@@ -20,7 +20,7 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
-from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY
+from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY, StreamName
 
 # Every agent route: a refused credential or token (401), a protocol version, replay or
 # identity conflict (409), a body too large (413) or malformed (422), the database
@@ -44,7 +44,7 @@ async def heartbeat(body: HeartbeatRequest, call: HeartbeatContext) -> Heartbeat
 
 @router.put(INVENTORY, responses=NODE_ROUTE)
 async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestResult:
-    with counted_ingest(request.state.metrics, "inventory") as count:
+    with counted_ingest(request.state.metrics, StreamName.INVENTORY) as count:
         return count(
             await ingest_inventory(
                 request.session,
@@ -57,7 +57,7 @@ async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestRe
 
 @router.put(TELEMETRY, responses=NODE_ROUTE)
 async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestResult:
-    with counted_ingest(request.state.metrics, "telemetry") as count:
+    with counted_ingest(request.state.metrics, StreamName.TELEMETRY) as count:
         return count(
             await ingest_telemetry(
                 request.session,
