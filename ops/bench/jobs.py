@@ -222,7 +222,7 @@ def main() -> int:
     hub.state.add(REPO, "main", COMMIT, {"weights.bin": data})
     hub_process = hub.start_process()
     try:
-        with fleet.stack(workdir, env) as (api_url, admin_key, _, pids):
+        with fleet.stack(workdir, env, 1) as (api_url, admin_key, _, pids, _api):
             node = asyncio.run(_node(api_url, admin_key, root))
             notified, floor = asyncio.run(
                 notification_latency(api_url, admin_key, node, root, args.jobs)
