@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -194,3 +195,31 @@ class Supervisor:
             return
         child.state.started(self._clock())
         self._say(f"{child.name} restarted")
+
+
+def stop_event() -> threading.Event:
+    """Set by SIGINT or SIGTERM: how a supervising command learns to stop."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def run_children(
+    supervisor: Supervisor, children: Sequence[ChildProcess], stop: threading.Event, what: str
+) -> int:
+    """Keep the supervisor's children going until `stop` is set (0) or one crash-loops
+    (1); then stop them all at once, so that their drains overlap."""
+    status = 0
+    while not stop.wait(0.5):
+        try:
+            supervisor.poll()
+        except CrashLoop as exc:
+            logger.error("%s; stopping every %s", exc, what)
+            status = 1
+            break
+    for child in children:
+        child.signal(signal.SIGTERM)
+    for child in children:
+        child.stop()
+    return status

@@ -20,9 +20,8 @@ import os
 import signal
 import socket
 import sys
-import threading
 
-from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
+from agent.supervisor import ChildProcess, RestartPolicy, Supervisor, run_children, stop_event
 
 logger = logging.getLogger("modelforge.api.processes")
 
@@ -59,17 +58,10 @@ def inherited_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=fd)
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
-
-
 def supervise(host: str, port: int, processes: int, *, startup_failure: int) -> int:
     """Run `processes` API processes on one listening socket; restart any that dies
     (with backoff); stop them all on SIGINT/SIGTERM, or when one crash-loops."""
-    stop = _stop_event()
+    stop = stop_event()
     try:
         sock = listening_socket(host, port)
     except OSError as exc:
@@ -92,18 +84,7 @@ def supervise(host: str, port: int, processes: int, *, startup_failure: int) -> 
         children.append(child)
         supervisor.add(f"api process {index}", child)
     logger.info("serving on %s:%d with %d API processes", host, port, processes)
-    status = 0
-    while not stop.wait(0.5):
-        try:
-            supervisor.poll()
-        except CrashLoop as exc:
-            logger.error("%s; stopping every API process", exc)
-            status = 1
-            break
-    # All at once, so their drains overlap; the listener closes when the last one has.
-    for child in children:
-        child.signal(signal.SIGTERM)
-    for child in children:
-        child.stop()
+    status = run_children(supervisor, children, stop, "API process")
+    # Closed once the last child has: until then they hold their copies anyway.
     sock.close()
     return status

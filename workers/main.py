@@ -16,12 +16,17 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 import dramatiq
 from prometheus_client import CollectorRegistry, start_http_server
 
-from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
+from agent.supervisor import (
+    ChildProcess,
+    RestartPolicy,
+    Supervisor,
+    run_children,
+    stop_event,
+)
 from broker.jetstream import BrokerSettings, build_broker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds, presence_gap
@@ -38,17 +43,10 @@ logger = logging.getLogger("modelforge.workers")
 PROCESS_INDEX_ENV = "MODELFORGE_WORKER_PROCESS_INDEX"
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
-
-
 def run_worker_process(
     settings: WorkerSettings, broker_settings: BrokerSettings, *, threads: int, index: int = 0
 ) -> int:
-    stop = _stop_event()
+    stop = stop_event()
     registry = CollectorRegistry()
     database = database_resource(settings.database_url, settings.db_pool_size)
     broker = build_broker(
@@ -116,7 +114,7 @@ def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
 def supervise(processes: int, threads: int) -> int:
     """Run `processes` single-process workers; restart any that dies (with backoff);
     stop all on a signal, or when one crash-loops."""
-    stop = _stop_event()
+    stop = stop_event()
     supervisor = Supervisor(RestartPolicy(), say=logger.warning)
     children: list[ChildProcess] = []
     for index in range(processes):
@@ -129,17 +127,4 @@ def supervise(processes: int, threads: int) -> int:
         child.start()
         children.append(child)
         supervisor.add(f"worker {index}", child)
-    status = 0
-    while not stop.wait(0.5):
-        try:
-            supervisor.poll()
-        except CrashLoop as exc:
-            logger.error("%s; stopping every worker", exc)
-            status = 1
-            break
-    # All at once, so their drains overlap.
-    for child in children:
-        child.signal(signal.SIGTERM)
-    for child in children:
-        child.stop()
-    return status
+    return run_children(supervisor, children, stop, "worker")
