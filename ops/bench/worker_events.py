@@ -1,8 +1,12 @@
 """Worker throughput (1 vs 2 processes) and heartbeat-stop -> offline-event delay.
 
-    python ops/bench/worker_events.py [--nodes 300 --rounds 3]
+    python ops/bench/worker_events.py [--nodes 300 --rounds 3] [--nats-cluster 3]
 
 Starts embedded PostgreSQL and nats-server, the API and `modelforge worker` processes.
+With --nats-cluster N, the throughput figures are measured again, in the same run and on
+the same database and nodes, on an N-server JetStream cluster on loopback (R3 streams
+and consumers, stack/nats_cluster.py) with its own API process, and set against the
+single server's.
 
 * Throughput: N online nodes are aged past the offline threshold in one UPDATE; the
   clock runs until every node's liveness.changed event reached a JetStream consumer
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -46,6 +51,7 @@ import heartbeats as hb  # noqa: E402  (sibling bench module: processes, databas
 from sqlalchemy import NullPool  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 
+from broker.jetstream.settings import nats_servers  # noqa: E402
 from schemas.protocol import INVENTORY, NODES  # noqa: E402
 from store import audit  # noqa: E402
 
@@ -56,10 +62,10 @@ LIVENESS_SUBJECT = "modelforge.v1.node.*.liveness.changed"
 
 
 @contextlib.contextmanager
-def workers(count: int, env: dict[str, str], workdir: Path) -> Iterator[None]:
+def workers(count: int, env: dict[str, str], workdir: Path, label: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for i in range(count):
-            log = workdir / f"worker-{count}-{i}.log"
+            log = workdir / f"worker-{label}-{count}-{i}.log"
             argv = [sys.executable, "-m", "cli.main", "worker", "--threads", "4"]
             stack.enter_context(hb.child(argv, env | {"MODELFORGE_METRICS_PORT": "0"}, log))
         time.sleep(3)  # boot: connect, declare, open the database
@@ -68,7 +74,7 @@ def workers(count: int, env: dict[str, str], workdir: Path) -> Iterator[None]:
 
 async def offline_events(nats_url: str, want: set[str], timeout_s: float) -> dict[str, float]:
     """node id -> arrival time (monotonic) of its next offline event."""
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(servers=nats_servers(nats_url))
     arrived: dict[str, float] = {}
     try:
         sub = await nc.jetstream().subscribe(
@@ -227,16 +233,85 @@ async def delays(api_url: str, nats_url: str, nodes: list[hb.Node]) -> list[floa
     ]
 
 
+@dataclasses.dataclass
+class Figures:
+    """One NATS backend's figures, each list a round's events/s (or lags in seconds)."""
+
+    rates: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    reconciled: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    lags: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+
+
+class Rounds:
+    """Inventory sequence numbers, increasing across backends (the nodes are shared)."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+def measure(
+    args: argparse.Namespace,
+    workdir: Path,
+    common: dict[str, str],
+    nats_url: str,
+    label: str,
+    nodes: list[hb.Node] | None,
+    admin_key: str,
+    rounds: Rounds,
+    *,
+    latency: bool,
+) -> tuple[Figures, list[hb.Node], list[float], list[float]]:
+    """The API and 1, then 2, worker processes on this NATS (one server or a cluster's
+    list); the figures, the nodes (enrolled on the first call), and with latency the
+    offline-event delays and one-change audit lags."""
+    database_url = common["MODELFORGE_DATABASE_URL"]
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    env = common | {"MODELFORGE_NATS_URL": nats_url}
+    port = hb.free_port()
+    api_url = f"http://127.0.0.1:{port}"
+    api_env = env | {"MODELFORGE_OPERATOR_API_KEY": admin_key, "MODELFORGE_PORT": str(port)}
+    log = workdir / f"api-{label}.log"
+    figures = Figures()
+    lag: list[float] = []
+    idle: list[float] = []
+    with hb.child([sys.executable, "-m", "cli.main", "api"], api_env, log) as api:
+        hb.wait_healthy("the API", api_url, api, log)
+        if nodes is None:
+            nodes = asyncio.run(hb.enroll_nodes(api_url, admin_key, args.nodes, 16))
+        for count in (1, 2):
+            with workers(count, env, workdir, label):
+                since = time.time()
+                figures.rates[count] = [
+                    asyncio.run(throughput(api_url, nats_url, dsn, nodes))
+                    for _ in range(args.rounds)
+                ]
+                figures.lags[count] = asyncio.run(audit_lags(dsn, since))
+                figures.reconciled[count] = [
+                    asyncio.run(reconcile_round(api_url, database_url, nodes, rounds.next()))
+                    for _ in range(args.rounds)
+                ]
+                if latency and count == 1:
+                    lag = asyncio.run(delays(api_url, nats_url, nodes[:20]))
+                    idle = asyncio.run(single_changes(api_url, admin_key, nodes[:20], dsn))
+    return figures, nodes, lag, idle
+
+
 def run(args: argparse.Namespace, workdir: Path) -> None:
     from stack.embedded_nats import EmbeddedNats
+    from stack.nats_cluster import NatsCluster
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hb.ROOT), env.get("PYTHONPATH")]))
     admin_key = secrets.token_urlsafe(24)
-    with hb.database(workdir, True) as (database_url, where), EmbeddedNats(workdir / "nats") as js:
+    rounds = Rounds()
+    cluster: Figures | None = None
+    with hb.database(workdir, True) as (database_url, where):
         common = env | {
             "MODELFORGE_DATABASE_URL": database_url,
-            "MODELFORGE_NATS_URL": js.url,
             "MODELFORGE_STALE_AFTER_S": str(STALE_S),
             "MODELFORGE_OFFLINE_AFTER_S": str(OFFLINE_S),
             "MODELFORGE_SWEEP_PERIOD_S": str(SWEEP_PERIOD_S),
@@ -245,72 +320,84 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             # (rightly) hold the offline transitions this measures.
             "MODELFORGE_PARTITION_MIN_NODES": "1000000",
         }
-        port = hb.free_port()
-        api_url = f"http://127.0.0.1:{port}"
-        api_env = common | {"MODELFORGE_OPERATOR_API_KEY": admin_key, "MODELFORGE_PORT": str(port)}
-        log = workdir / "api.log"
-        dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
-        with hb.child([sys.executable, "-m", "cli.main", "api"], api_env, log) as api:
-            hb.wait_healthy("the API", api_url, api, log)
-            nodes = asyncio.run(hb.enroll_nodes(api_url, admin_key, args.nodes, 16))
-            rates: dict[int, list[float]] = {}
-            reconciled: dict[int, list[float]] = {}
-            lags: dict[int, list[float]] = {}
-            round_ = 0
-            for count in (1, 2):
-                with workers(count, common, workdir):
-                    since = time.time()
-                    rates[count] = [
-                        asyncio.run(throughput(api_url, js.url, dsn, nodes))
-                        for _ in range(args.rounds)
-                    ]
-                    lags[count] = asyncio.run(audit_lags(dsn, since))
-                    reconciled[count] = []
-                    for _ in range(args.rounds):
-                        round_ += 1
-                        reconciled[count].append(
-                            asyncio.run(reconcile_round(api_url, database_url, nodes, round_))
-                        )
-                    if count == 1:
-                        lag = asyncio.run(delays(api_url, js.url, nodes[:20]))
-                        idle = asyncio.run(single_changes(api_url, admin_key, nodes[:20], dsn))
-    one, two = statistics.median(rates[1]), statistics.median(rates[2])
+        with EmbeddedNats(workdir / "nats") as js:
+            single, nodes, lag, idle = measure(
+                args, workdir, common, js.url, "single", None, admin_key, rounds, latency=True
+            )
+        if args.nats_cluster:
+            with NatsCluster(workdir / "nats-cluster", size=args.nats_cluster) as servers:
+                replicas = {"MODELFORGE_REPLICAS": str(min(args.nats_cluster, 3))}
+                cluster, *_ = measure(
+                    args,
+                    workdir,
+                    common | replicas,
+                    servers.url,
+                    "cluster",
+                    nodes,
+                    admin_key,
+                    rounds,
+                    latency=False,
+                )
     print(f"\n{args.nodes} nodes, {args.rounds} rounds each, {where}, {os.cpu_count()} CPUs shared")
+    report("one nats-server", single)
+    if cluster is not None:
+        report(f"{args.nats_cluster}-server cluster, R{min(args.nats_cluster, 3)}", cluster)
+        for count in (1, 2):
+            live = statistics.median(cluster.rates[count]) / statistics.median(single.rates[count])
+            rec = statistics.median(cluster.reconciled[count]) / statistics.median(
+                single.reconciled[count]
+            )
+            print(
+                f"cluster / one server, {count} worker process(es):"
+                f" liveness {live:.2f}x, inventory -> reconciled + audited {rec:.2f}x"
+            )
+    idle.sort()
+    print(
+        f"commit -> audit row, one change at a time on an idle stack ({len(idle)} changes,"
+        f" one server): p50 {idle[len(idle) // 2] * 1e3:.0f} ms, max {idle[-1] * 1e3:.0f} ms"
+    )
+    print(
+        f"heartbeat stop -> offline event at a consumer, after the {OFFLINE_S:g} s threshold"
+        f" (sweep period {SWEEP_PERIOD_S:g} s, {len(lag)} nodes, one server):"
+        f" median {statistics.median(lag) * 1e3:.0f} ms, max {max(lag) * 1e3:.0f} ms"
+    )
+
+
+def report(backend: str, figures: Figures) -> None:
+    print(f"-- {backend}")
+    one, two = statistics.median(figures.rates[1]), statistics.median(figures.rates[2])
     for count, rate in ((1, one), (2, two)):
-        rounds = [round(r) for r in rates[count]]
+        rounds = [round(r) for r in figures.rates[count]]
         print(f"liveness events/s, {count} worker process(es): {rate:8.0f}  (rounds {rounds})")
     print(f"2 processes / 1 process: {two / one:.2f}x")
     for count in (1, 2):
-        ordered = sorted(lags[count])
+        ordered = sorted(figures.lags[count])
         p50, p99 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)]
         print(
             f"commit -> audit row, {count} worker process(es), {len(ordered)} events:"
             f" p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms"
         )
-    idle.sort()
-    print(
-        f"commit -> audit row, one change at a time on an idle stack ({len(idle)} changes):"
-        f" p50 {idle[len(idle) // 2] * 1e3:.0f} ms, max {idle[-1] * 1e3:.0f} ms"
-    )
-    r1, r2 = statistics.median(reconciled[1]), statistics.median(reconciled[2])
+    r1, r2 = statistics.median(figures.reconciled[1]), statistics.median(figures.reconciled[2])
     for count, rate in ((1, r1), (2, r2)):
-        rounds = [round(r) for r in reconciled[count]]
+        rounds = [round(r) for r in figures.reconciled[count]]
         print(
             f"inventory -> reconciled + audited, events/s, {count} worker process(es):"
             f" {rate:8.0f}  (rounds {rounds})"
         )
     print(f"reconcile, 2 processes / 1 process: {r2 / r1:.2f}x")
-    print(
-        f"heartbeat stop -> offline event at a consumer, after the {OFFLINE_S:g} s threshold"
-        f" (sweep period {SWEEP_PERIOD_S:g} s, {len(lag)} nodes):"
-        f" median {statistics.median(lag) * 1e3:.0f} ms, max {max(lag) * 1e3:.0f} ms"
-    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then again on an N-server JetStream cluster on loopback (R3 from 3 servers)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mf-bench-workers-"))
     try:
