@@ -94,6 +94,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     sessions,
                     period_s=settings.beat_period_s,
                     gap_s=settings.gap_s,
+                    merge_within_s=settings.stale_after_s + settings.restart_grace_s,
                     listener=(settings.host, settings.port),
                 ),
             ):

@@ -45,6 +45,7 @@ async def _beat_forever(
     sessions: async_sessionmaker[AsyncSession],
     period_s: float,
     gap_s: float,
+    merge_within_s: float,
     listener: tuple[str, int],
 ) -> None:
     failing = False
@@ -56,7 +57,7 @@ async def _beat_forever(
             continue
         try:
             async with sessions() as session, session.begin():
-                resumed = await beat(session, gap_s=gap_s)
+                resumed = await beat(session, gap_s=gap_s, merge_within_s=merge_within_s)
         except (SQLAlchemyError, OSError) as exc:
             if not failing:
                 logger.warning("presence beat failed (%s); retrying", type(exc).__name__)
@@ -74,9 +75,13 @@ async def presence_beat(
     *,
     period_s: float,
     gap_s: float,
+    merge_within_s: float,
     listener: tuple[str, int],
 ) -> AsyncIterator[None]:
-    task = asyncio.create_task(_beat_forever(sessions, period_s, gap_s, listener), name="presence")
+    """merge_within_s: an outage that begins this soon after the last one ended is
+    recorded as one with it (store/fleet.py: beat)."""
+    beats = _beat_forever(sessions, period_s, gap_s, merge_within_s, listener)
+    task = asyncio.create_task(beats, name="presence")
     try:
         yield
     finally:

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, not_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -71,11 +71,28 @@ class PartitionBreaker:
 # ---------------------------------------------------------------------- presence
 
 
-async def beat(session: AsyncSession, *, gap_s: float, component: str = API) -> bool:
-    """Refresh the presence row; True when this refresh ended an outage."""
+async def beat(
+    session: AsyncSession, *, gap_s: float, merge_within_s: float = 0.0, component: str = API
+) -> bool:
+    """Refresh the presence row; True when this refresh ended an outage.
+
+    Only the last outage is kept, and it shifts every heartbeat older than its end. So an
+    outage that begins within `merge_within_s` of the last one's end (a second gap while
+    the fleet is still coming back, say an event loop stalled by the return storm) is
+    recorded as one with it, from the first one's start: recorded alone, it would have
+    replaced the first one's shift with its own short one, and the nodes not heard again
+    yet would have gone stale at once. The span between counts as silent too, which
+    only delays an offline (the safe way). The API passes stale_after + restart_grace:
+    past that, every returning node has been heard or is rightly silent."""
     now = func.statement_timestamp()
     table = ControlPlanePresence
     absent = table.last_seen_at < now - seconds(gap_s)
+    # The last outage (a real one: the first row has down_since = resumed_at) ended
+    # shortly before this one began.
+    follows = and_(
+        table.resumed_at > table.down_since,
+        table.resumed_at >= table.last_seen_at - seconds(merge_within_s),
+    )
     statement = (
         insert(table)
         .values(component=component, last_seen_at=now, down_since=now, resumed_at=now)
@@ -83,7 +100,9 @@ async def beat(session: AsyncSession, *, gap_s: float, component: str = API) -> 
             index_elements=[table.component],
             # The right-hand sides read the row as it was before this update.
             set_={
-                "down_since": case((absent, table.last_seen_at), else_=table.down_since),
+                "down_since": case(
+                    (and_(absent, not_(follows)), table.last_seen_at), else_=table.down_since
+                ),
                 "resumed_at": case((absent, now), else_=table.resumed_at),
                 "last_seen_at": now,
             },
