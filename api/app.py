@@ -35,6 +35,7 @@ from api.notifications import notification_hub
 from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
+from api.telemetry_batch import telemetry_batcher
 from schemas.protocol import INVOKE_STREAM
 from store.engine import make_engine, make_sessionmaker
 
@@ -90,6 +91,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                 heartbeat_buffer(
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
+                telemetry_batcher(sessions, settings.future_skew_limit_s, metrics) as telemetry,
                 presence_beat(
                     sessions,
                     period_s=settings.beat_period_s,
@@ -112,6 +114,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     invokes=invokes,
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
+                    telemetry=telemetry,
                 )
                 warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))
                 try:

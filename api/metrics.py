@@ -58,6 +58,16 @@ class ApiMetrics:
             ["route", "outcome"],
             registry=self.registry,
         )
+        self.telemetry_batches = Counter(
+            "modelforge_telemetry_batches",
+            "Group-committed telemetry transactions (api/telemetry_batch.py)",
+            registry=self.registry,
+        )
+        self.telemetry_batched = Counter(
+            "modelforge_telemetry_batched_samples",
+            "Telemetry samples written by those transactions",
+            registry=self.registry,
+        )
         self.heartbeats_flushed = Counter(
             "modelforge_heartbeat_timestamps_flushed",
             "Routine heartbeat timestamps written by the group commit",

@@ -24,6 +24,7 @@ from store.liveness import LivenessThresholds
 
 if TYPE_CHECKING:  # it reads service clients (api/gateway/auth.py), which reach this state
     from api.gateway.cache import GatewayCache
+    from api.telemetry_batch import TelemetryBatcher
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ApiState:
     invokes: InvokeRelay
     client_limits: ClientLimits
     gateway_cache: GatewayCache
+    telemetry: TelemetryBatcher
 
     @property
     def leases(self) -> LeasePolicy:

@@ -8,8 +8,9 @@ their documented ones, for the common case only:
 
 * a heartbeat from a node in the node cache that is routine (api/agent/heartbeat.py):
   noted in the group-commit buffer and answered;
-* a telemetry sample from a node in the node cache: the same ingest as the documented
-  route (api/agent/ingest.py), in a transaction of its own.
+* a telemetry sample from a node in the node cache: the same rules as the documented
+  route (api/agent/ingest.py), group-committed with the other cached nodes' samples
+  (api/telemetry_batch.py).
 
 Everything else (no cached node, a body that does not parse or validate, a heartbeat
 that brings news) is handed to the documented route with the body already read, so
@@ -29,7 +30,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.agent.auth import admit_cached, presented_credential
 from api.agent.heartbeat import answer, routine
-from api.agent.ingest import ingest_telemetry
 from api.deps import cached_node
 from api.metrics import counted_ingest
 from api.state import ApiState
@@ -154,17 +154,10 @@ class _Telemetry(_Endpoint):
         report = _parsed(TelemetryReport, scope, body)
         if report is None:
             return False
+        admit_cached(cached, state.heartbeats.database_now()).require_owns(report.node_id)
         with counted_ingest(state.metrics, StreamName.TELEMETRY) as count:
-            async with state.sessions() as session, session.begin():
-                node = admit_cached(cached, state.heartbeats.database_now())
-                result = count(
-                    await ingest_telemetry(
-                        session,
-                        node,
-                        report,
-                        future_skew_limit_s=state.settings.future_skew_limit_s,
-                    )
-                )
+            # Group-committed with the other cached nodes' samples (api/telemetry_batch.py).
+            result = count(await state.telemetry.ingest(cached.node_id, report))
         await _answer(send, result)
         return True
 
