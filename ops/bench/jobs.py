@@ -1,6 +1,7 @@
 """Artifact jobs: notification -> claim latency, download throughput, held channels.
 
     python ops/bench/jobs.py [--jobs 100 --file-mib 256 --channels 10000]
+                             [--only notify,download,channels]
 
 A fresh stack (embedded PostgreSQL and NATS, one API process, one worker for the relay
 and lease expiry), then:
@@ -56,6 +57,7 @@ from tests.hub_server import HubServer  # noqa: E402
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "bench/model"
+PARTS = ("notify", "download", "channels")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -203,13 +205,85 @@ async def hold_channels(api_url: str, node: hb.Node, count: int) -> list[asyncio
     return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
+def notify(api_url: str, admin_key: str, node: hb.Node, root: Path, jobs: int) -> None:
+    notified, floor = asyncio.run(notification_latency(api_url, admin_key, node, root, jobs))
+    print(
+        f"notification -> claim over {jobs} jobs:"
+        f" p50 {pct(notified, 50) * 1e3:.1f} ms,"
+        f" p99 {pct(notified, 99) * 1e3:.1f} ms; claim-alone floor p50"
+        f" {pct(floor, 50) * 1e3:.1f} ms, p99 {pct(floor, 99) * 1e3:.1f} ms;"
+        f" ratio p50 {statistics.median(notified) / statistics.median(floor):.2f}x"
+    )
+
+
+def downloads(
+    api_url: str,
+    admin_key: str,
+    node: hb.Node,
+    root: Path,
+    hub: HubServer,
+    data: bytes,
+    mib: int,
+    rounds: int,
+) -> None:
+    workdir = root.parent
+    # Alternating rounds, medians: the two see the same noise.
+    curl_runs, hashed_runs, agent_runs = [], [], []
+    for _ in range(rounds):
+        curl_runs.append(curl(hub, "weights.bin", workdir / "curl.bin"))
+        (workdir / "curl.bin").unlink()
+        hashed_runs.append(curl_hashed(hub, "weights.bin", workdir / "curl.bin"))
+        (workdir / "curl.bin").unlink()
+        agent_runs.append(asyncio.run(download(api_url, admin_key, node, root, hub, data)))
+    curl_s, agent_s = statistics.median(curl_runs), statistics.median(agent_runs)
+    hashed_s = statistics.median(hashed_runs)
+    print(
+        f"download {mib} MiB, median of {rounds}: agent {mib / agent_s:.0f} MiB/s"
+        f" (fetch + sha256 + stage + promote + reports) vs curl -o {mib / curl_s:.0f}"
+        f" MiB/s: {curl_s / agent_s:.2f}x; vs curl | tee | sha256sum"
+        f" {mib / hashed_s:.0f} MiB/s: {hashed_s / agent_s:.2f}x"
+    )
+    print(
+        "  per round, MiB/s: agent "
+        + " ".join(f"{mib / s:.0f}" for s in agent_runs)
+        + "; curl -o "
+        + " ".join(f"{mib / s:.0f}" for s in curl_runs)
+    )
+
+
+def channels(api_url: str, node: hb.Node, api_pid: int, count: int) -> None:
+    before = fleet.rss_mib(api_pid)
+
+    async def hold() -> float:
+        writers = await hold_channels(api_url, node, count)
+        await asyncio.sleep(2)
+        after = fleet.rss_mib(api_pid)
+        for writer in writers:
+            writer.close()
+        return after
+
+    after = asyncio.run(hold())
+    print(
+        f"{count} held notification channels: API RSS {before:.0f} ->"
+        f" {after:.0f} MiB ({(after - before) * 1024 / count:.1f} KiB each)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--file-mib", type=int, default=256)
     parser.add_argument("--channels", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"which measurements, comma-separated (default: all of {','.join(PARTS)})",
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only <= set(PARTS):
+        parser.error(f"--only: one or more of {','.join(PARTS)}")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
@@ -224,48 +298,12 @@ def main() -> int:
     try:
         with fleet.stack(workdir, env, 1) as (api_url, admin_key, _, pids, _api):
             node = asyncio.run(_node(api_url, admin_key, root))
-            notified, floor = asyncio.run(
-                notification_latency(api_url, admin_key, node, root, args.jobs)
-            )
-            print(
-                f"notification -> claim over {args.jobs} jobs:"
-                f" p50 {pct(notified, 50) * 1e3:.1f} ms,"
-                f" p99 {pct(notified, 99) * 1e3:.1f} ms; claim-alone floor p50"
-                f" {pct(floor, 50) * 1e3:.1f} ms, p99 {pct(floor, 99) * 1e3:.1f} ms;"
-                f" ratio p50 {statistics.median(notified) / statistics.median(floor):.2f}x"
-            )
-            # Alternating rounds, medians: the two see the same noise.
-            curl_runs, hashed_runs, agent_runs = [], [], []
-            for _ in range(args.rounds):
-                curl_runs.append(curl(hub, "weights.bin", workdir / "curl.bin"))
-                (workdir / "curl.bin").unlink()
-                hashed_runs.append(curl_hashed(hub, "weights.bin", workdir / "curl.bin"))
-                (workdir / "curl.bin").unlink()
-                agent_runs.append(asyncio.run(download(api_url, admin_key, node, root, hub, data)))
-            curl_s, agent_s = statistics.median(curl_runs), statistics.median(agent_runs)
-            hashed_s = statistics.median(hashed_runs)
-            mib = args.file_mib
-            print(
-                f"download {mib} MiB, median of {args.rounds}: agent {mib / agent_s:.0f} MiB/s"
-                f" (fetch + sha256 + stage + promote + reports) vs curl -o {mib / curl_s:.0f}"
-                f" MiB/s: {curl_s / agent_s:.2f}x; vs curl | tee | sha256sum"
-                f" {mib / hashed_s:.0f} MiB/s: {hashed_s / agent_s:.2f}x"
-            )
-            before = fleet.rss_mib(pids["api"])
-
-            async def channels() -> float:
-                writers = await hold_channels(api_url, node, args.channels)
-                await asyncio.sleep(2)
-                after = fleet.rss_mib(pids["api"])
-                for writer in writers:
-                    writer.close()
-                return after
-
-            after = asyncio.run(channels())
-            print(
-                f"{args.channels} held notification channels: API RSS {before:.0f} ->"
-                f" {after:.0f} MiB ({(after - before) * 1024 / args.channels:.1f} KiB each)"
-            )
+            if "notify" in only:
+                notify(api_url, admin_key, node, root, args.jobs)
+            if "download" in only:
+                downloads(api_url, admin_key, node, root, hub, data, args.file_mib, args.rounds)
+            if "channels" in only:
+                channels(api_url, node, pids["api"], args.channels)
     finally:
         hub_process.terminate()
         shutil.rmtree(workdir, ignore_errors=True)
