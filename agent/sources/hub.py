@@ -7,8 +7,8 @@ Streamed with aiohttp rather than `huggingface_hub` or httpx:
   whichever kind the job holds (git blob ids included) computed while streaming, a
   stall rule and a reserve check during the download.
 * httpx's async client reads about 200 MiB/s on loopback where curl reads 900
-  (ops/bench/jobs.py); aiohttp's C parser and whole-buffer reads reach 500-700, and its
-  `sock_read` timeout is the stall rule exactly: no byte for N seconds.
+  (ops/bench/jobs.py); aiohttp's C parser reads over 1 GiB/s, and its `sock_read`
+  timeout is the stall rule exactly: no byte for N seconds.
 Redirects are followed (the Hub sends LFS files to a CDN); aiohttp drops the
 Authorization header on a redirect to another origin, so the token (optional) goes
 only to the configured endpoint. Bodies are taken as sent (no decompression), since the
@@ -43,12 +43,38 @@ class Download:
     chunks: AsyncIterator[bytes]
 
 
+# How much of a body aiohttp holds before it stops reading the socket (it resumes below
+# half). Its default, 64 KiB, is less than one read from the socket, so every read
+# paused the socket and the next chunk taken resumed it: two epoll changes and a timer
+# per chunk, and the sender held up meanwhile.
+READ_BUFFER_BYTES = 4 << 20
+# At most this much per read from a plain-TCP socket (asyncio's default: 256 KiB). Each
+# read costs the same event-loop and aiohttp work whatever its size (a callback, the
+# parser, the stall timer rescheduled, a wake-up of the reader); a quarter as many
+# reads took about a tenth off the agent's CPU per GiB (ops/bench/README.md).
+READ_BYTES = 1 << 20
+
+
 def source_session(
     *, stall_s: float, connect_timeout_s: float, trust_env: bool
 ) -> aiohttp.ClientSession:
     """The HTTP session a HubSource downloads with (the caller closes it)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=stall_s)
-    return aiohttp.ClientSession(timeout=timeout, trust_env=trust_env, auto_decompress=False)
+    return aiohttp.ClientSession(
+        timeout=timeout,
+        trust_env=trust_env,
+        auto_decompress=False,
+        read_bufsize=READ_BUFFER_BYTES,
+    )
+
+
+async def _as_received(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The body's chunks as the socket delivered them: whatever is buffered, never held
+    back for a size, and never joined into one (readany copies all it holds into one
+    bytes when several chunks wait)."""
+    async for chunk, _ in content.iter_chunks():
+        if chunk:  # b"" marks the end of an HTTP chunk (chunked transfer coding)
+            yield chunk
 
 
 class HubSource:
@@ -79,8 +105,8 @@ class HubSource:
             ) as response:
                 _check(response.status, path)
                 start = offset if response.status == 206 else 0
-                # As the bytes arrive: whatever is buffered, never held back for a size.
-                yield Download(start, response.content.iter_any())
+                _read_larger(response)
+                yield Download(start, _as_received(response.content))
         except TimeoutError:
             raise SourceFailed(
                 FailureCode.STALLED, True, f"{path}: no data for {stall_s:g} s"
@@ -89,6 +115,17 @@ class HubSource:
             raise SourceFailed(
                 FailureCode.SOURCE_UNAVAILABLE, True, f"{path}: {type(exc).__name__}"
             ) from None
+
+
+def _read_larger(response: aiohttp.ClientResponse) -> None:
+    """Let the connection's transport read up to READ_BYTES at a time. asyncio's socket
+    transport reads `max_size` bytes per call, an attribute it does not document; any
+    other transport (TLS, uvloop) is left as it is."""
+    connection = response.connection
+    transport = connection.transport if connection is not None else None
+    size = getattr(transport, "max_size", None)
+    if isinstance(size, int) and size < READ_BYTES:
+        setattr(transport, "max_size", READ_BYTES)  # noqa: B010  (not in asyncio's types)
 
 
 def _check(status: int, path: str) -> None:
