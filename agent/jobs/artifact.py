@@ -185,8 +185,9 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
         self._check_reserve(root, sum(f.size - self._staged(s, f) for f, _, s in pending))
         for file, _, staged in pending:
             await self._fetch(root, file, staged, pending)
-        promote([(target, staged) for _, target, staged in pending])
-        self._remove_staging()
+        # Metadata changes can wait on the filesystem's journal: not on the event loop.
+        await asyncio.to_thread(promote, [(target, staged) for _, target, staged in pending])
+        await asyncio.to_thread(self._remove_staging)
 
     async def _already_there(self, target: Path, file: ArtifactFile) -> bool:
         return await asyncio.to_thread(present, target, file, self.settings.chunk_bytes)

@@ -73,9 +73,15 @@ class Staged:
         """Write from `offset` on (0: the source sent the whole file, so start over)."""
         if offset == 0:
             self.hasher = new_digest(self.file.digest, self.file.size)
+            # A new file rather than the old one truncated to nothing: ext4 flushes a
+            # file truncated to zero when it is closed (its guard for rewrite-in-place),
+            # and the next metadata change then waits for that flush: 3-18 ms per file,
+            # each time on the way to the rename.
+            self.path.unlink(missing_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
         try:
-            os.ftruncate(fd, offset)
+            if os.fstat(fd).st_size != offset:
+                os.ftruncate(fd, offset)  # what follows the offset is not ours any more
             os.lseek(fd, offset, os.SEEK_SET)
         except BaseException:
             os.close(fd)

@@ -68,6 +68,19 @@ def test_a_resume_writes_after_the_staged_part_and_drops_what_followed_it(
     assert staged.path.read_bytes() == data
 
 
+def test_a_start_over_replaces_the_staged_part(tmp_path: Path) -> None:
+    """offset 0 (the source ignored the Range): a new file, none of the old bytes."""
+    data = content("started over", 100_000)
+    staged = staged_file(tmp_path, data)
+    staged.path.write_bytes(b"an earlier attempt's bytes " * 10_000)
+    staged.begin(0)
+    staged.write([data])
+    staged.digest([data])
+    staged.close()
+    assert staged.path.read_bytes() == data
+    assert staged.verified()
+
+
 async def test_every_block_reaches_every_lane_in_order() -> None:
     seen: list[list[bytes]] = [[], []]
     lanes = Lanes(seen[0].extend, seen[1].extend, depth=2)
