@@ -186,8 +186,11 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
         for file, _, staged in pending:
             await self._fetch(root, file, staged, pending)
         # Metadata changes can wait on the filesystem's journal: not on the event loop.
-        await asyncio.to_thread(promote, [(target, staged) for _, target, staged in pending])
-        await asyncio.to_thread(self._remove_staging)
+        await asyncio.to_thread(self._promote, [(target, staged) for _, target, staged in pending])
+
+    def _promote(self, moves: list[tuple[Path, Path]]) -> None:
+        promote(moves)
+        self._remove_staging()
 
     async def _already_there(self, target: Path, file: ArtifactFile) -> bool:
         return await asyncio.to_thread(present, target, file, self.settings.chunk_bytes)
@@ -226,16 +229,22 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
             await asyncio.to_thread(staged.discard)
             have = 0
         self.progress.set(file.path, have)
+        # The lanes' threads start while the request is on its way.
+        lanes = Lanes(staged.write, staged.digest)
         try:
-            async with self.source.open(
-                self.spec.repository, self.spec.commit, file.path, have
-            ) as download:
-                have = download.offset  # 0 when the source sent the whole file
-                await asyncio.to_thread(staged.begin, have)
-                try:
-                    have = await self._stream(root, staged, download, have, pending)
-                finally:
-                    await asyncio.to_thread(staged.close)
+            try:
+                async with self.source.open(
+                    self.spec.repository, self.spec.commit, file.path, have
+                ) as download:
+                    have = download.offset  # 0 when the source sent the whole file
+                    staged.begin(have)
+                    have = await self._stream(root, staged, download, have, pending, lanes)
+            except BaseException:
+                # Never close the file under a write still running in its thread.
+                with contextlib.suppress(Exception):
+                    await lanes.close(then=staged.close)
+                raise
+            await lanes.close(then=staged.close)  # a lane's error (a write's) is raised
         except SourceFailed as failure:
             if failure.code is FailureCode.SIZE_MISMATCH:
                 staged.discard()  # a stale staged part: start it over next time
@@ -269,48 +278,42 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
         download: Download,
         have: int,
         pending: list[tuple[ArtifactFile, Path, Path]],
+        lanes: Lanes,
     ) -> int:
-        """Receive on the event loop while worker threads write and hash the blocks
-        before (agent/jobs/lanes.py); the bytes staged in the end."""
+        """Receive on the event loop while the lanes' threads write and hash the blocks
+        before (agent/jobs/lanes.py); the bytes received in the end (all handed to the
+        lanes, which the caller closes)."""
         file = staged.file
         # A block is the chunks as received (no copy into one buffer).
         block: list[bytes] = []
         block_size = 0
-        lanes = Lanes(staged.write, staged.digest)
         since_check = 0
         handed = time.monotonic()
-        try:
-            async for chunk in download.chunks:
-                self.check()
-                have += len(chunk)
-                if have > file.size:
-                    raise Failed(
-                        FailureCode.SIZE_MISMATCH,
-                        f"{file.path}: longer than expected",
-                        retryable=False,
-                    )
-                block.append(chunk)
-                block_size += len(chunk)
-                self.progress.set(file.path, have)
-                now = time.monotonic()
-                # A slow source's bytes go to disk soon too: a restart resumes from them.
-                if block_size < self.settings.block_bytes and now < handed + 0.25:
-                    continue
-                handed = now
-                await lanes.put(block)
-                since_check += block_size
-                block, block_size = [], 0
-                if since_check >= self.settings.reserve_check_bytes:
-                    since_check = 0
-                    self._check_reserve(root, self._remaining(pending))
-            if block:
-                await lanes.put(block)
-        except BaseException:
-            # Never close the file under a write still running in its thread.
-            with contextlib.suppress(Exception):
-                await lanes.close()
-            raise
-        await lanes.close()
+        async for chunk in download.chunks:
+            self.check()
+            have += len(chunk)
+            if have > file.size:
+                raise Failed(
+                    FailureCode.SIZE_MISMATCH,
+                    f"{file.path}: longer than expected",
+                    retryable=False,
+                )
+            block.append(chunk)
+            block_size += len(chunk)
+            self.progress.set(file.path, have)
+            now = time.monotonic()
+            # A slow source's bytes go to disk soon too: a restart resumes from them.
+            if block_size < self.settings.block_bytes and now < handed + 0.25:
+                continue
+            handed = now
+            await lanes.put(block)
+            since_check += block_size
+            block, block_size = [], 0
+            if since_check >= self.settings.reserve_check_bytes:
+                since_check = 0
+                self._check_reserve(root, self._remaining(pending))
+        if block:
+            await lanes.put(block)
         return have
 
     def _remaining(self, pending: list[tuple[ArtifactFile, Path, Path]]) -> int:

@@ -29,28 +29,46 @@ class Lanes:
             threading.Thread(target=self._lane, args=(q, step), daemon=True, name="mf-lane")
             for q, step in zip(self._queues, steps, strict=True)
         ]
-        for thread in self._threads:
-            thread.start()
+        # Started from a worker thread (a start waits for the new thread to run, up to a
+        # few ms on a busy host), meanwhile the loop goes on: the request is sent.
+        self._starting = self._loop.run_in_executor(None, self._start)
+        self._started = False
 
     async def put(self, block: Block) -> None:
         """Hand one block to every lane; waits while `depth` blocks are still in them.
         The block must not be changed afterwards."""
+        if not self._started:
+            await self._starting
+            self._started = True
         self._raise_if_failed()
         for _ in self._queues:
             await self._room.acquire()
         for lane in self._queues:
             lane.put(block)
 
-    async def close(self) -> None:
-        """Finish what was handed over, stop the threads, raise a lane's error if any."""
+    async def close(self, then: Callable[[], object] | None = None) -> None:
+        """Finish what was handed over, stop the threads, then call `then` (in a worker
+        thread, whatever the lanes did); raise a lane's error if any."""
         for lane in self._queues:
             lane.put(None)
-        await asyncio.to_thread(self._join)
+        try:
+            await self._starting
+        finally:
+            await asyncio.to_thread(self._join, then)
         self._raise_if_failed()
 
-    def _join(self) -> None:
+    def _start(self) -> None:
         for thread in self._threads:
-            thread.join()
+            thread.start()
+
+    def _join(self, then: Callable[[], object] | None) -> None:
+        try:
+            for thread in self._threads:
+                if thread.ident is not None:  # started
+                    thread.join()
+        finally:
+            if then is not None:
+                then()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

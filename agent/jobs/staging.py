@@ -52,6 +52,7 @@ class Staged:
         self.path = path
         self.file = file
         self.hasher = new_digest(file.digest, file.size)
+        self._offset = 0
         self._fd: int | None = None
 
     def resume(self) -> int:
@@ -70,9 +71,15 @@ class Staged:
         return have
 
     def begin(self, offset: int) -> None:
-        """Write from `offset` on (0: the source sent the whole file, so start over)."""
+        """Write from `offset` on (0: the source sent the whole file, so start over).
+        No I/O here: the first write opens the file, in the writing thread."""
         if offset == 0:
             self.hasher = new_digest(self.file.digest, self.file.size)
+        self._offset = offset
+
+    def _open(self) -> int:
+        offset = self._offset
+        if offset == 0:
             # A new file rather than the old one truncated to nothing: ext4 flushes a
             # file truncated to zero when it is closed (its guard for rewrite-in-place),
             # and the next metadata change then waits for that flush: 3-18 ms per file,
@@ -87,14 +94,15 @@ class Staged:
             os.close(fd)
             raise
         self._fd = fd
+        return fd
 
     def write(self, block: Sequence[bytes]) -> None:
         """The block's chunks in one writev (not copied into one buffer first), a short
         write carried on from where it stopped."""
-        assert self._fd is not None
+        fd = self._fd if self._fd is not None else self._open()
         pending: list[bytes | memoryview] = [chunk for chunk in block if chunk]
         while pending:
-            written = os.writev(self._fd, pending[:_IOV_MAX])
+            written = os.writev(fd, pending[:_IOV_MAX])
             if written <= 0:
                 raise OSError(errno.EIO, "the staged file took no bytes")
             done = 0
