@@ -108,3 +108,18 @@ async def test_a_wrong_byte_in_the_staged_part_fails_the_resumed_digest(
         assert await job.run() == "checksum_mismatch"
     assert hub.state.ranges == [(NAME, f"bytes={staged_bytes}-")]
     assert not (artifact_dir(root, REPO, COMMIT) / NAME).exists()
+
+
+async def test_an_empty_file_is_staged_and_promoted_without_a_request(
+    api_factory: ApiFactory, hub: HubServer, tmp_path: Path
+) -> None:
+    """It used to fail `internal`: nothing was staged, so there was nothing to rename."""
+    hub.state.add(REPO, "main", COMMIT, {"__init__.py": b""})
+    root = tmp_path / "models"
+    root.mkdir()
+    api = api_factory(job_lease_s=30)
+    node, _ = one_file_job(api, root, REPO, COMMIT, "__init__.py", b"", max_attempts=1)
+    async with job_for(api, node, hub, root) as job:
+        assert await job.run() == "completed"
+    assert (artifact_dir(root, REPO, COMMIT) / "__init__.py").read_bytes() == b""
+    assert hub.state.ranges == []
