@@ -21,6 +21,7 @@ import httpx
 from agent.processes import start_process, stop_process
 from stack.embedded_nats import HOST, nats_server_binary
 from stack.ports import free_port, wait_for_tcp
+from stack.processes import log_tail
 
 CLUSTER_NAME = "modelforge"
 
@@ -147,7 +148,8 @@ class NatsCluster:
                 self.wait_healthy(self.servers)
                 return
             except RuntimeError:
-                lost_race = any("address already in use" in _tail(s.log_path) for s in self.servers)
+                logs = [log_tail(server.log_path) for server in self.servers]
+                lost_race = any("address already in use" in log for log in logs)
                 self.stop()
                 if not lost_race or attempt == 2:
                     raise
@@ -172,13 +174,13 @@ class NatsCluster:
                     if not server.running:
                         raise RuntimeError(
                             f"nats-server {server.name} exited; log {server.log_path}:\n"
-                            + _tail(server.log_path)
+                            + log_tail(server.log_path)
                         )
                     if time.monotonic() > deadline:
                         raise RuntimeError(
                             f"nats-server {server.name} not healthy after "
                             f"{self._startup_timeout_s:g} s; log {server.log_path}:\n"
-                            + _tail(server.log_path)
+                            + log_tail(server.log_path)
                         )
                     time.sleep(0.05)
                 if not wait_for_tcp(HOST, server.port, max(0.1, deadline - time.monotonic())):
@@ -203,10 +205,3 @@ class NatsCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

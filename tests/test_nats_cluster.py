@@ -52,8 +52,8 @@ from tests.api_processes import ADMIN, api_processes, enrolled
 from tests.api_server import PRESENCE_GAP_S
 from tests.flows import gpu, inventory_body
 from tests.pipeline import settle
-from tests.services import db_fetch, run_async
-from tests.test_pipeline_crash import GPU_POOL, assert_exactly_once, expected_gpu_events
+from tests.services import run_async
+from tests.test_pipeline_crash import GPU_POOL, assert_exactly_once, gpus_converged
 from tests.worker_processes import OFFLINE_S, STALE_S, Workers, worker_env
 from workers.consumer import EventConsumer
 from workers.relay import connect_nats
@@ -302,27 +302,7 @@ def progressed(database_url: str, what: str, timeout_s: float = 60) -> int:
 
 def assert_converged(api_url: str, database_url: str, load: Load) -> None:
     with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as client:
-        for node_id, reports in load.reports.items():
-            assert reports, "the load never reached this node"
-            detail = client.get(f"{NODES}/{node_id}", headers=ADMIN).json()
-            present = {g["uuid"] for g in detail["gpus"] if not g["missing"]}
-            assert present == set(reports[-1]), node_id
-            assert detail["inventory_stream"]["good_sequence"] == len(reports)
-    events = run_async(
-        lambda: db_fetch(
-            database_url,
-            "SELECT envelope->'data'->>'node_id' AS node, envelope->>'action' AS action,"
-            " envelope->'data'->>'gpu_uuid' AS gpu FROM outbox"
-            " WHERE envelope->>'action' LIKE 'node.gpu.%'",
-        )
-    )
-    actual: dict[str, collections.Counter[tuple[str, str]]] = collections.defaultdict(
-        collections.Counter
-    )
-    for event in events:
-        actual[event["node"]][event["action"], event["gpu"]] += 1
-    for node_id, reports in load.reports.items():
-        assert actual[node_id] == expected_gpu_events(reports), node_id
+        gpus_converged(client, ADMIN, database_url, load.reports, list(load.reports))
 
 
 def run_with_server_killed(

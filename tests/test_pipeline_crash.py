@@ -14,8 +14,9 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+import httpx
 import pytest
 
 from schemas.events import NOT_AUDITED, OPERATOR_ACTOR, EventType, NodeUpdated
@@ -103,15 +104,23 @@ def assert_exactly_once(database_url: str) -> None:
     assert joined == audited
 
 
-def assert_converged(api: RunningApi, database_url: str, load: Load) -> None:
-    with api.client() as client:
-        for node in load.nodes:
-            reports = load.reports[node.node_id]
-            assert reports, "the load never reached this node"
-            detail = client.get(f"{NODES}/{node.node_id}", headers=api.admin_headers).json()
-            present = {g["uuid"] for g in detail["gpus"] if not g["missing"]}
-            assert present == set(reports[-1]), node.node_id
-            assert detail["inventory_stream"]["good_sequence"] == len(reports)
+def gpus_converged(
+    client: httpx.Client,
+    admin_headers: Mapping[str, str],
+    database_url: str,
+    reports: Mapping[str, list[list[str]]],
+    node_ids: Iterable[str],
+) -> None:
+    """Each node's GPUs are its last report's, its inventory stream took every report,
+    and its GPU events are a sequential reconciler's (expected_gpu_events)."""
+    node_ids = list(node_ids)
+    for node_id in node_ids:
+        sent = reports[node_id]
+        assert sent, "the load never reached this node"
+        detail = client.get(f"{NODES}/{node_id}", headers=dict(admin_headers)).json()
+        present = {g["uuid"] for g in detail["gpus"] if not g["missing"]}
+        assert present == set(sent[-1]), node_id
+        assert detail["inventory_stream"]["good_sequence"] == len(sent)
     rows = run_async(
         lambda: db_fetch(
             database_url,
@@ -125,8 +134,14 @@ def assert_converged(api: RunningApi, database_url: str, load: Load) -> None:
     )
     for row in rows:
         actual[row["node"]][row["action"], row["gpu"]] += 1
-    for node in load.nodes:
-        assert actual[node.node_id] == expected_gpu_events(load.reports[node.node_id])
+    for node_id in node_ids:
+        assert actual[node_id] == expected_gpu_events(reports[node_id]), node_id
+
+
+def assert_converged(api: RunningApi, database_url: str, load: Load) -> None:
+    with api.client() as client:
+        nodes = [node.node_id for node in load.nodes]
+        gpus_converged(client, api.admin_headers, database_url, load.reports, nodes)
 
 
 def _run_with_fault(
