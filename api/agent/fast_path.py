@@ -29,7 +29,7 @@ from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from api.agent.auth import admit_cached, presented_credential
-from api.agent.heartbeat import answer, routine
+from api.agent.heartbeat import answer_routine, routine
 from api.deps import cached_node
 from api.metrics import counted_ingest
 from api.state import ApiState
@@ -139,10 +139,7 @@ class _Heartbeat(_Endpoint):
         request = _parsed(HeartbeatRequest, scope, body)
         if request is None or not routine(cached, request):
             return False
-        received_at = state.heartbeats.note(cached.node_id)
-        state.metrics.heartbeats.labels(path="routine").inc()
-        interval_s = state.settings.heartbeat_interval_s
-        await _answer(send, answer(cached.node_id, received_at, interval_s))
+        await _answer(send, answer_routine(state, cached))
         return True
 
 

@@ -71,6 +71,13 @@ def cache_entry(
     )
 
 
+def answer_routine(state: ApiState, cached: CachedNode) -> HeartbeatResponse:
+    """A routine heartbeat: noted for the group commit, counted, answered."""
+    received_at = state.heartbeats.note(cached.node_id)
+    state.metrics.heartbeats.labels(path="routine").inc()
+    return answer(cached.node_id, received_at, state.settings.heartbeat_interval_s)
+
+
 def answer(node_id: uuid.UUID, received_at: datetime, interval_s: float) -> HeartbeatResponse:
     return HeartbeatResponse(
         node_id=node_id,
@@ -181,9 +188,7 @@ async def handle_heartbeat(call: HeartbeatCall, request: HeartbeatRequest) -> He
         counted.labels(path="transactional").inc()
         return response
     if routine(cached, request):
-        received_at = call.state.heartbeats.note(cached.node_id)
-        counted.labels(path="routine").inc()
-        return answer(cached.node_id, received_at, call.state.settings.heartbeat_interval_s)
+        return answer_routine(call.state, cached)
     # Cached, but the request brings something new (or names another node, which the
     # transactional path refuses): decide it in a transaction of its own.
     async with heartbeat_transaction(call.state, call.authorization, call.presented) as inner:

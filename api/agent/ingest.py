@@ -164,16 +164,28 @@ async def _advance(
 
 
 def _result(
-    node: AuthenticatedNode, stream: str, sequence: int, advanced: Advanced
+    node_id: uuid.UUID, stream: str, sequence: int, decision: Decision, received_at: datetime
 ) -> IngestResult:
     return IngestResult(
-        node_id=node.node_id,
+        node_id=node_id,
         stream=stream,
         sequence=sequence,
-        applied=advanced.decision.applied,
-        reason=advanced.decision.reason,
-        received_at=advanced.received_at,
+        applied=decision.applied,
+        reason=decision.reason,
+        received_at=received_at,
     )
+
+
+def _advanced(
+    node: AuthenticatedNode, stream: str, sequence: int, advanced: Advanced
+) -> IngestResult:
+    return _result(node.node_id, stream, sequence, advanced.decision, advanced.received_at)
+
+
+def _last_good(report: TelemetryReport | RuntimeReport) -> dict[str, Any]:
+    """What a telemetry or runtime sample leaves as the stream's last-good state: the
+    sample without its envelope."""
+    return report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
 
 
 async def ingest_inventory(
@@ -189,7 +201,7 @@ async def ingest_inventory(
     advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
     if advanced.decision.applied:
         inventory.accept(session, node.node_id, report, advanced.received_at)
-    return _result(node, stream, report.sequence, advanced)
+    return _advanced(node, stream, report.sequence, advanced)
 
 
 async def ingest_telemetry(
@@ -200,10 +212,10 @@ async def ingest_telemetry(
     future_skew_limit_s: float,
 ) -> IngestResult:
     node.require_owns(report.node_id)
-    payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
+    payload = _last_good(report)
     stream = StreamName.TELEMETRY
     advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
-    return _result(node, stream, report.sequence, advanced)
+    return _advanced(node, stream, report.sequence, advanced)
 
 
 @dataclass(frozen=True)
@@ -236,17 +248,23 @@ async def ingest_telemetry_batch(
         row.node_id: StreamState(row.cursor, row.good_observed_at, row.not_applied_reason)
         for row in rows
     }
+    missing = [node_id for node_id in ids if node_id not in states]
+    if missing:
+        raise LookupError(f"nodes without a {stream_name} stream: {missing}")
+    received_at: datetime = rows[0].now
     finals: dict[uuid.UUID, dict[str, Any]] = {}
     outcomes: list[IngestResult | ApiError] = []
     for sample in samples:
-        state = states.get(sample.node_id)
-        if state is None:
-            raise LookupError(f"node {sample.node_id} has no {stream_name} stream")
-        received_at: datetime = rows[0].now
+        state = states[sample.node_id]
         report = sample.report
-        payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
         taken = step(
-            state, sample.node_id, stream_name, report, payload, received_at, future_skew_limit_s
+            state,
+            sample.node_id,
+            stream_name,
+            report,
+            _last_good(report),
+            received_at,
+            future_skew_limit_s,
         )
         if taken.decision.replay:
             outcomes.append(_replayed(stream_name, report.sequence, state.cursor))
@@ -255,14 +273,7 @@ async def ingest_telemetry_batch(
         finals.setdefault(sample.node_id, {}).update(taken.values)
         states[sample.node_id] = taken.after
         outcomes.append(
-            IngestResult(
-                node_id=sample.node_id,
-                stream=stream_name,
-                sequence=report.sequence,
-                applied=taken.decision.applied,
-                reason=taken.decision.reason,
-                received_at=received_at,
-            )
+            _result(sample.node_id, stream_name, report.sequence, taken.decision, received_at)
         )
     by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for node_id, values in finals.items():
@@ -286,10 +297,10 @@ async def ingest_runtime(
 ) -> IngestResult:
     """The runtime worker's report: a stream of its own with inventory's ordering."""
     node.require_owns(report.node_id)
-    payload = report.model_dump(mode="json", exclude={"node_id", "sequence", "observed_at"})
+    payload = _last_good(report)
     stream = StreamName.RUNTIME
     advanced = await _advance(session, node, stream, report, payload, future_skew_limit_s)
     if advanced.decision.applied:
         await runtime.record_environments(session, node.node_id, report, advanced.received_at)
         await deployments.record_reported(session, node.node_id, payload)
-    return _result(node, stream, report.sequence, advanced)
+    return _advanced(node, stream, report.sequence, advanced)
