@@ -51,9 +51,15 @@ async def test_racing_copies_of_a_sample_apply_once_and_the_highest_sequence_lan
     sends = [(node, 1) for node in nodes for _ in range(COPIES)]
     sends += [(node, seq) for node in nodes for seq in range(2, SEQUENCES + 1)]
     random.shuffle(sends)
+    # One observation time for all: a later sequence observed earlier than the last good
+    # one would be "not applied" (a clock rule), which is not what this test races.
+    observed = now()
     async with httpx.AsyncClient(base_url=api.base_url, timeout=30) as client:
         answers = await asyncio.gather(
-            *(_put(client, node, telemetry_body(node.node_id, seq)) for node, seq in sends)
+            *(
+                _put(client, node, telemetry_body(node.node_id, seq, observed_at=observed))
+                for node, seq in sends
+            )
         )
     applied: Counter[tuple[str, int]] = Counter()
     for (node, seq), answer in zip(sends, answers, strict=True):
