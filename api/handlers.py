@@ -20,7 +20,7 @@ from schemas.gateway import GatewayErrorBody, GatewayErrorDetail
 from schemas.protocol import GATEWAY_PREFIX
 from store.correlation import current_correlation_id
 from store.engine import database_down
-from store.errors import Invalid, Missing, NotOwned, Refused, StoreError
+from store.errors import Conflict, Forbidden, Invalid, Missing, StoreError, Unauthenticated
 
 logger = logging.getLogger("modelforge.api")
 
@@ -72,11 +72,13 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     return _refusal(request, exc.status_code, exc.code, exc.message, exc.extra, exc.headers)
 
 
-# The store's refusals (store/errors.py), by class.
+# The rules' refusals (store/errors.py), by class; a subclass (NotOwned) answers as
+# its base (Forbidden).
 _STORE_STATUS: dict[type[StoreError], int] = {
+    Unauthenticated: 401,
+    Forbidden: 403,
     Missing: 404,
-    NotOwned: 403,
-    Refused: 409,
+    Conflict: 409,
     Invalid: 422,
 }
 

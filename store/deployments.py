@@ -39,7 +39,7 @@ from schemas.jobs import JobKind, JobState
 from schemas.protocol import StreamName
 from store import changes, leases, nodes, results, runtime
 from store.deployment_tables import Deployment
-from store.errors import Missing, Refused
+from store.errors import Conflict, Missing
 from store.models import Job, Node, NodeStream
 
 ENDED = frozenset(state.value for state in ENDED_STATES)
@@ -252,7 +252,7 @@ async def drain(
     unload route) cuts them at once. 409 for a deployment that already ended."""
     deployment = await get(session, deployment_id, lock=True)
     if deployment.state in ENDED:
-        raise Refused(
+        raise Conflict(
             f"the deployment already ended ({deployment.state})",
             code=ErrorCode.STATE_CONFLICT,
             extra={"state": deployment.state},

@@ -1,6 +1,11 @@
-"""The store's refusals: rules shared by the API and the workers (store/leases.py and
-its kinds) say no with these, and the API maps them to HTTP once (api/handlers.py).
-A worker that meets one simply leaves the row alone."""
+"""The refusals of the rules, in one hierarchy: every rule in store/ (leases and their
+kinds, nodes, enrollment, credentials, ingest, fleet, service clients) says no with one
+of these, each carrying its ErrorCode, and the API maps them to HTTP once, by class
+(api/handlers.py: _STORE_STATUS). A worker that meets one simply leaves the row alone.
+
+api/errors.py keeps only what the API layer refuses by itself (a request's headers, the
+operator key, the gateway's bounds, a held stream), which no rule decides.
+"""
 
 from __future__ import annotations
 
@@ -19,16 +24,27 @@ class StoreError(Exception):
         self.extra = extra or {}
 
 
+class Unauthenticated(StoreError):
+    """The presented credential or token does not admit its holder: unknown, wrong,
+    malformed, revoked, used or expired, or its node decommissioned (401)."""
+
+
+class Forbidden(StoreError):
+    """Authenticated, but this caller may not do this: a disabled node (403)."""
+
+
+class NotOwned(Forbidden):
+    """It exists, but belongs to another node (403)."""
+
+
 class Missing(StoreError):
     """The object does not exist (404)."""
 
 
-class NotOwned(StoreError):
-    """It exists, but belongs to another node (403)."""
-
-
-class Refused(StoreError):
-    """The object's state forbids this now: a stale lease, a finished job (409)."""
+class Conflict(StoreError):
+    """The recorded state forbids this now: a stale lease, a finished job, a replayed
+    sequence, another node's identity, a decommissioned node, an unsupported protocol
+    version (409)."""
 
 
 class Invalid(StoreError):

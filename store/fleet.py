@@ -33,6 +33,7 @@ from sqlalchemy import and_, case, func, not_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from schemas.errors import ErrorCode
 from schemas.events import (
     OPERATOR_ACTOR,
     EventType,
@@ -42,6 +43,7 @@ from schemas.events import (
     worker_actor,
 )
 from store import changes, nodes
+from store.errors import Conflict, Missing
 from store.liveness import API, LivenessThresholds, liveness_expression, seconds
 from store.models import ControlPlanePresence, FleetIncident, Node
 
@@ -49,14 +51,6 @@ PARTITION: Final = "partition_suspected"
 WATCHED: Final = ("online", "stale")
 SILENT: Final = ("stale", "offline")
 SWEEPER: Final = worker_actor("liveness")
-
-
-class IncidentNotFound(Exception):
-    pass
-
-
-class IncidentResolved(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -235,12 +229,15 @@ async def _resolve(session: AsyncSession, incident: FleetIncident, count: FleetC
 
 
 async def acknowledge(session: AsyncSession, incident_id: uuid.UUID, reason: str) -> FleetIncident:
-    """An operator says the silent nodes really are gone: release the hold. Idempotent."""
+    """An operator says the silent nodes really are gone: release the hold. Idempotent;
+    an unknown incident is Missing, a resolved one a Conflict."""
     incident = await session.get(FleetIncident, incident_id, with_for_update=True)
     if incident is None:
-        raise IncidentNotFound(incident_id)
+        raise Missing(f"fleet incident {incident_id} does not exist", code=ErrorCode.NOT_FOUND)
     if incident.resolved_at is not None:
-        raise IncidentResolved(incident_id)
+        raise Conflict(
+            f"fleet incident {incident_id} is already resolved", code=ErrorCode.STATE_CONFLICT
+        )
     if incident.acknowledged_at is None:
         incident.acknowledged_at = await nodes.now(session)
         incident.acknowledged_reason = reason

@@ -35,7 +35,7 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType, JobEvent
 from schemas.jobs import FailureCode, JobKind, JobState, Lease, LeaseFence
 from store import changes, results
-from store.errors import Missing, NotOwned, Refused
+from store.errors import Conflict, Missing, NotOwned
 from store.models import Job
 from store.nodes import now as database_now
 
@@ -181,13 +181,13 @@ async def held(
     if job.node_id != node_id:
         raise NotOwned("this job belongs to another node", code=ErrorCode.JOB_NOT_OWNED)
     if job.state in FINISHED:
-        raise Refused(
+        raise Conflict(
             f"the job already ended ({job.state})",
             code=ErrorCode.JOB_FINISHED,
             extra={"state": job.state},
         )
     if job.state != LEASED or job.lease_id != fence.lease_id or job.lease_epoch != fence.epoch:
-        raise Refused(
+        raise Conflict(
             "this lease is not the job's current one",
             code=ErrorCode.LEASE_STALE,
             extra={"epoch": job.lease_epoch},
@@ -195,7 +195,7 @@ async def held(
     now = await database_now(session)
     assert job.lease_expires_at is not None
     if job.lease_expires_at <= now:
-        raise Refused("this lease ran out", code=ErrorCode.LEASE_EXPIRED)
+        raise Conflict("this lease ran out", code=ErrorCode.LEASE_EXPIRED)
     return job, now
 
 
@@ -286,7 +286,7 @@ def request_cancel(session: AsyncSession, job: Job, now: datetime, *, actor: str
     """An operator's cancel: a queued job ends at once; a leased one is told on its next
     progress report and ends when it reports back (or its lease runs out)."""
     if job.state in FINISHED:
-        raise Refused(
+        raise Conflict(
             f"the job already ended ({job.state})",
             code=ErrorCode.JOB_FINISHED,
             extra={"state": job.state},

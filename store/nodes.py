@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.errors import ErrorCode
 from store import session_notes
-from store.errors import Missing, Refused
+from store.errors import Conflict, Missing
 from store.liveness import LivenessThresholds, liveness_expression
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
@@ -52,7 +52,7 @@ async def schedulable(session: AsyncSession, node_id: uuid.UUID, *, locked: bool
         raise Missing(f"no node {node_id}", code=ErrorCode.NOT_FOUND)
     if is_terminal(node) or not node.enabled:
         state = "decommissioned" if is_terminal(node) else "disabled"
-        raise Refused(
+        raise Conflict(
             f"the node is {state}: it takes no jobs",
             code=ErrorCode.NODE_NOT_SCHEDULABLE,
             extra={"node_state": state},

@@ -22,21 +22,10 @@ from schemas.events import EventType, ServiceClientEvent
 from schemas.service_clients import ServiceClientCreate, ServiceClientState
 from store import changes, nodes, session_notes
 from store.deployment_tables import ServiceClient
-from store.errors import Missing, Refused
+from store.errors import Conflict, Missing, Unauthenticated
 
 # Compared against when no row exists, so an unknown id costs what a wrong secret does.
 _DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy-service-client").digest()
-
-
-class NotAdmitted(Exception):
-    """The presented credential is not a live service client's: unknown id, wrong
-    secret (credential_invalid) or revoked (credential_revoked). Not a StoreError: the
-    gateway's authentication turns it into a 401 itself."""
-
-    def __init__(self, message: str, *, code: ErrorCode) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def state_of(client: ServiceClient) -> ServiceClientState:
@@ -103,7 +92,7 @@ async def rotate(
     """A new secret (its digest); the old one stops working when this commits."""
     client = await get(session, client_id, for_update=True)
     if client.revoked_at is not None:
-        raise Refused("the service client was revoked", code=ErrorCode.STATE_CONFLICT)
+        raise Conflict("the service client was revoked", code=ErrorCode.STATE_CONFLICT)
     client.digest = digest
     session_notes.note(session, session_notes.SERVICE_CLIENT, client.id)
     client.rotated_at = await nodes.now(session)
@@ -115,7 +104,7 @@ async def revoke(session: AsyncSession, client_id: uuid.UUID, *, actor: str) -> 
     """Revoked for good; revoking again is refused (409), the first revocation stands."""
     client = await get(session, client_id, for_update=True)
     if client.revoked_at is not None:
-        raise Refused("the service client was already revoked", code=ErrorCode.STATE_CONFLICT)
+        raise Conflict("the service client was already revoked", code=ErrorCode.STATE_CONFLICT)
     client.revoked_at = await nodes.now(session)
     session_notes.note(session, session_notes.SERVICE_CLIENT, client.id)
     changes.record(session, EventType.SERVICE_CLIENT_REVOKED, _event(client), actor=actor)
@@ -133,11 +122,14 @@ async def authenticate(
     """The live client whose id and secret (its digest) were presented. Found by primary
     key, then compared in constant time (against a dummy when there is no row), so
     neither the index nor the comparison tells a wrong secret from an unknown id. A
-    revoked client is told apart only to a caller who holds its real secret."""
+    revoked client is told apart only to a caller who holds its real secret. Refused as
+    Unauthenticated (401): credential_invalid or credential_revoked."""
     client = await session.get(ServiceClient, client_id)
     stored = client.digest if client is not None else _DUMMY_DIGEST
     if not hmac.compare_digest(presented_digest, stored) or client is None:
-        raise NotAdmitted("unknown service client credential", code=ErrorCode.CREDENTIAL_INVALID)
+        raise Unauthenticated(
+            "unknown service client credential", code=ErrorCode.CREDENTIAL_INVALID
+        )
     if client.revoked_at is not None:
-        raise NotAdmitted("this service client was revoked", code=ErrorCode.CREDENTIAL_REVOKED)
+        raise Unauthenticated("this service client was revoked", code=ErrorCode.CREDENTIAL_REVOKED)
     return client

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from api import security
-from api.errors import Unauthenticated
+from api.errors import ApiError
 from api.gateway.auth import ClientScope, client_scope
 from api.security import PresentedSecret
 from schemas.protocol import (
@@ -27,6 +27,7 @@ from schemas.protocol import (
     SERVICE_CLIENTS,
     secret_pattern,
 )
+from store.errors import StoreError
 from tests.admin_helpers import audit, db_scalar, ok, refused
 from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
@@ -48,7 +49,7 @@ def authenticate(api: RunningApi, authorization: str | None) -> ClientScope | st
     async def call() -> ClientScope | str:
         try:
             return await client_scope(api.state, authorization)
-        except Unauthenticated as refusal:
+        except (ApiError, StoreError) as refusal:  # the header's, or the database's
             return refusal.code.value
 
     return on_api(api, call())

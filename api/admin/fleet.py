@@ -6,7 +6,6 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.errors import Conflict, NotFound
 from schemas.admin import ApiPresence, FleetIncidentInfo, FleetIncidentList, FleetSafety
 from store import fleet
 from store.models import FleetIncident
@@ -51,9 +50,4 @@ async def list_incidents(session: AsyncSession, limit: int) -> FleetIncidentList
 async def acknowledge(
     session: AsyncSession, incident_id: uuid.UUID, reason: str
 ) -> FleetIncidentInfo:
-    try:
-        return _info(await fleet.acknowledge(session, incident_id, reason))
-    except fleet.IncidentNotFound:
-        raise NotFound(f"fleet incident {incident_id} does not exist") from None
-    except fleet.IncidentResolved:
-        raise Conflict(f"fleet incident {incident_id} is already resolved") from None
+    return _info(await fleet.acknowledge(session, incident_id, reason))

@@ -86,14 +86,11 @@ async def authenticate_client(
     sessions: async_sessionmaker[AsyncSession], presented: security.PresentedSecret
 ) -> tuple[ClientScope, bytes]:
     """The caller's scope and its secret's digest, from one short transaction of its
-    own that only reads."""
+    own that only reads; a refusal is the store's (store/errors.py: Unauthenticated)."""
     async with sessions() as session, session.begin():
-        try:
-            client = await service_clients.authenticate(
-                session, presented.id, security.digest(presented.secret)
-            )
-        except service_clients.NotAdmitted as refused:
-            raise Unauthenticated(refused.message, code=refused.code) from None
+        client = await service_clients.authenticate(
+            session, presented.id, security.digest(presented.secret)
+        )
         return scope_of(client), client.digest
 
 
