@@ -16,7 +16,6 @@ from typing import Annotated
 from fastapi import Depends, Header
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import security
 from api.agent.auth import (
     AuthenticatedNode,
     admit_cached,
@@ -29,7 +28,7 @@ from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER
-from store import nodes, service_clients
+from store import nodes, secrets, service_clients
 
 State = Annotated[ApiState, Depends(get_state)]
 
@@ -60,7 +59,7 @@ class NodeRequest:
     state: ApiState
 
 
-def cached_node(state: ApiState, presented: security.PresentedSecret | None) -> CachedNode | None:
+def cached_node(state: ApiState, presented: secrets.PresentedSecret | None) -> CachedNode | None:
     """The node cache's entry for a presented node credential, if the cache may answer."""
     if presented is None or not state.settings.heartbeat_cache or not state.heartbeats.ready:
         return None
@@ -121,7 +120,7 @@ async def require_operator(
         raise Unauthenticated(
             "X-ModelForge-Admin-Token is required", code=ErrorCode.ADMIN_TOKEN_MISSING
         )
-    if not security.same_secret(x_modelforge_admin_token, key.get_secret_value()):
+    if not secrets.same_secret(x_modelforge_admin_token, key.get_secret_value()):
         raise Unauthenticated("invalid operator key", code=ErrorCode.ADMIN_TOKEN_INVALID)
 
 

@@ -31,8 +31,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from api import security
 from api.cache_guard import ChangeGuard, kept_by_listen
+from store import secrets
 from store.notify import NODE_CHANGES_CHANNEL
 
 logger = logging.getLogger("modelforge.api.node_cache")
@@ -65,13 +65,13 @@ class NodeCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, presented: security.PresentedSecret) -> CachedNode | None:
+    def lookup(self, presented: secrets.PresentedSecret) -> CachedNode | None:
         """The entry when the presented secret matches it (constant time); otherwise None,
         and the caller asks the database, which also gives every refusal."""
         if not self.listening:
             return None
         entry = self._entries.get(presented.id)
-        if entry is None or not security.matches(presented.secret, entry.digest):
+        if entry is None or not secrets.matches(presented.secret, entry.digest):
             return None
         return entry
 

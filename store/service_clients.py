@@ -1,11 +1,11 @@
 """Service clients, the gateway's callers: create, list, get, rotate, revoke, and the
 check the gateway makes on every call (api/gateway/auth.py).
 
-Only a digest is kept. The secret is issued in the API layer (api/security.py, through
-api/gateway/auth.py: issue_secret) and only its digest comes here, so nothing in store/
-ever holds a secret. The id in the wire format is the client's primary key; a rotation
-keeps the id and replaces the digest in the same transaction, so the old secret stops
-working the moment the rotation commits.
+Only a digest is kept. The secret is issued by the operator route (store/secrets.py,
+through api/gateway/auth.py: issue_secret), shown once, and only its digest comes here.
+The id in the wire format is the client's primary key; a rotation keeps the id and
+replaces the digest in the same transaction, so the old secret stops working the moment
+the rotation commits.
 """
 
 from __future__ import annotations

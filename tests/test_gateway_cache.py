@@ -15,16 +15,16 @@ import uuid
 
 import pytest
 
-from api import security
 from api.gateway.auth import ClientScope
 from api.gateway.cache import GatewayCache
+from store import secrets
 from store.deployment_routes import Route
 
 pytestmark = pytest.mark.fast
 
 
-def _client() -> tuple[ClientScope, security.PresentedSecret, bytes]:
-    presented = security.PresentedSecret(id=uuid.uuid4(), secret="s3cret-" + uuid.uuid4().hex)
+def _client() -> tuple[ClientScope, secrets.PresentedSecret, bytes]:
+    presented = secrets.PresentedSecret(id=uuid.uuid4(), secret="s3cret-" + uuid.uuid4().hex)
     scope = ClientScope(
         client_id=presented.id,
         name="svc",
@@ -33,7 +33,7 @@ def _client() -> tuple[ClientScope, security.PresentedSecret, bytes]:
         max_concurrent=None,
         rate_per_minute=None,
     )
-    return scope, presented, security.digest(presented.secret)
+    return scope, presented, secrets.digest(presented.secret)
 
 
 def _route(model: str = "smol", cooldown_left_s: float = 0.0) -> Route:
@@ -75,7 +75,7 @@ def test_an_admitted_client_is_answered_from_the_cache_with_its_own_secret_only(
     scope, presented, digest = _client()
     cache.remember_client(digest, scope, cache.generation)
     assert cache.client(presented) == scope
-    wrong = security.PresentedSecret(id=presented.id, secret="not-it")
+    wrong = secrets.PresentedSecret(id=presented.id, secret="not-it")
     assert cache.client(wrong) is None
 
 

@@ -11,18 +11,18 @@ import uuid
 
 import pytest
 
-from api import security
 from api.node_cache import CachedNode, NodeCache
+from store import secrets
 
 pytestmark = pytest.mark.fast
 
 
-def _entry(node_id: uuid.UUID) -> tuple[CachedNode, security.PresentedSecret]:
-    presented = security.PresentedSecret(id=uuid.uuid4(), secret=f"secret-{node_id}")
+def _entry(node_id: uuid.UUID) -> tuple[CachedNode, secrets.PresentedSecret]:
+    presented = secrets.PresentedSecret(id=uuid.uuid4(), secret=f"secret-{node_id}")
     entry = CachedNode(
         node_id=node_id,
         credential_id=presented.id,
-        digest=security.digest(presented.secret),
+        digest=secrets.digest(presented.secret),
         agent_version="0.1.0",
         protocol_version=1,
         capabilities=("hardware.inventory",),
@@ -64,7 +64,7 @@ def test_a_notification_drops_the_entry_and_a_wrong_secret_never_matches() -> No
     node = uuid.uuid4()
     entry, presented = _entry(node)
     cache.remember(entry, cache.generation)
-    assert cache.lookup(security.PresentedSecret(id=presented.id, secret="wrong")) is None
+    assert cache.lookup(secrets.PresentedSecret(id=presented.id, secret="wrong")) is None
     cache._on_payload(str(node))
     assert cache.lookup(presented) is None
     assert len(cache) == 0

@@ -16,10 +16,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from api import security
 from api.errors import ApiError
 from api.gateway.auth import ClientScope, client_scope
-from api.security import PresentedSecret
 from schemas.protocol import (
     AUDIT,
     GATEWAY_MODELS,
@@ -27,7 +25,9 @@ from schemas.protocol import (
     SERVICE_CLIENTS,
     secret_pattern,
 )
+from store import secrets
 from store.errors import StoreError
+from store.secrets import PresentedSecret
 from tests.admin_helpers import audit, db_scalar, ok, refused
 from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
@@ -355,6 +355,6 @@ def test_the_process_that_rotates_or_revokes_refuses_the_old_secret_without_its_
 
 
 def parse(secret: str) -> PresentedSecret:
-    presented = security.parse(SERVICE_CLIENT_PREFIX, secret)
+    presented = secrets.parse(SERVICE_CLIENT_PREFIX, secret)
     assert presented is not None
     return presented

@@ -6,7 +6,6 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import security
 from api.admin.nodes import lock_node, require_not_terminal
 from schemas.admin import CredentialRevoked, CredentialRotated
 from schemas.events import (
@@ -15,7 +14,8 @@ from schemas.events import (
     CredentialRotatedEvent,
     EventType,
 )
-from store import changes, nodes
+from schemas.protocol import NODE_CREDENTIAL_PREFIX
+from store import changes, nodes, secrets
 from store.models import NodeCredential
 
 
@@ -43,7 +43,7 @@ async def rotate_credential(session: AsyncSession, node_id: uuid.UUID) -> Creden
     revoked = await nodes.revoke_active_credentials(
         session, node.id, "rotated", await nodes.now(session)
     )
-    issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
+    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
     session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
     changes.record(
         session,

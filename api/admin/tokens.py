@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import security
 from api.errors import Conflict, NotFound
 from schemas.admin import (
     CreateEnrollmentToken,
@@ -18,7 +17,8 @@ from schemas.admin import (
 )
 from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR, EventType, TokenCreated, TokenRevoked
-from store import changes, nodes
+from schemas.protocol import ENROLLMENT_TOKEN_PREFIX
+from store import changes, nodes, secrets
 from store.models import EnrollmentToken, Node
 
 
@@ -58,7 +58,7 @@ async def create_token(
             raise NotFound(f"node {body.node_id} does not exist")
         if node.decommissioned_at is not None:
             raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
-    issued = security.issue(security.ENROLLMENT_TOKEN_PREFIX)
+    issued = secrets.issue(ENROLLMENT_TOKEN_PREFIX)
     token = EnrollmentToken(
         id=issued.id,
         digest=issued.digest,

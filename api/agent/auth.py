@@ -12,11 +12,12 @@ from typing import Any
 from sqlalchemy import Row, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api import security
 from api.errors import ApiError, Forbidden, Unauthenticated
 from api.node_cache import CachedNode, NodeCache
 from schemas.admin import Liveness
 from schemas.errors import ErrorCode
+from schemas.protocol import NODE_CREDENTIAL_PREFIX
+from store import secrets
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
 
@@ -53,14 +54,14 @@ def bearer_value(authorization: str | None) -> str:
     return value.strip()
 
 
-def presented_credential(authorization: str | None) -> security.PresentedSecret | None:
+def presented_credential(authorization: str | None) -> secrets.PresentedSecret | None:
     """The credential in an Authorization header, or None for anything else (the
     database path then gives the typed refusal)."""
     try:
         value = bearer_value(authorization)
     except Unauthenticated:
         return None
-    return security.parse(security.NODE_CREDENTIAL_PREFIX, value)
+    return secrets.parse(NODE_CREDENTIAL_PREFIX, value)
 
 
 async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None:
@@ -119,7 +120,7 @@ async def authenticate_node(
     session: AsyncSession, authorization: str | None, *, serialize: bool = True
 ) -> AuthenticatedNode:
     """serialize=False skips the node lock; only for paths that usually emit nothing."""
-    presented = security.parse(security.NODE_CREDENTIAL_PREFIX, bearer_value(authorization))
+    presented = secrets.parse(NODE_CREDENTIAL_PREFIX, bearer_value(authorization))
     if presented is None:
         raise Unauthenticated(
             "the value is not a node credential", code=ErrorCode.CREDENTIAL_MALFORMED
@@ -127,7 +128,7 @@ async def authenticate_node(
     if serialize:
         await _lock_node_of(session, presented.id)
     row = await _load(session, presented.id)
-    if not security.matches(presented.secret, row.digest if row else None) or row is None:
+    if not secrets.matches(presented.secret, row.digest if row else None) or row is None:
         raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
     return _admit(row, presented.id, serialize)
 

@@ -7,21 +7,20 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api import security
 from api.agent.protocol import require_supported
 from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node_actor
-from schemas.protocol import StreamName
-from store import changes, nodes
+from schemas.protocol import ENROLLMENT_TOKEN_PREFIX, NODE_CREDENTIAL_PREFIX, StreamName
+from store import changes, nodes, secrets
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 
 STREAMS = tuple(StreamName)
 
 
 async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToken, datetime]:
-    presented = security.parse(security.ENROLLMENT_TOKEN_PREFIX, wire)
+    presented = secrets.parse(ENROLLMENT_TOKEN_PREFIX, wire)
     if presented is None:
         raise Unauthenticated(
             "the value is not an enrollment token", code=ErrorCode.ENROLLMENT_TOKEN_INVALID
@@ -29,7 +28,7 @@ async def _claim_token(session: AsyncSession, wire: str) -> tuple[EnrollmentToke
     # The row lock is the single-use guarantee: concurrent enrolls with one token
     # queue here, and every one after the first sees it used.
     token = await session.get(EnrollmentToken, presented.id, with_for_update=True)
-    if token is None or not security.matches(presented.secret, token.digest):
+    if token is None or not secrets.matches(presented.secret, token.digest):
         raise Unauthenticated("unknown enrollment token", code=ErrorCode.ENROLLMENT_TOKEN_INVALID)
     now = await nodes.now(session)
     if token.revoked_at is not None:
@@ -107,7 +106,7 @@ async def enroll(
     )
     token.used_at = now
     token.used_by_node_id = node.id
-    issued = security.issue(security.NODE_CREDENTIAL_PREFIX)
+    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
     session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
     changes.record(
         session,

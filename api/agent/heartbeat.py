@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.agent.auth import AuthenticatedNode, authenticate_node, serialize
 from api.agent.protocol import require_supported
 from api.node_cache import CachedNode
-from api.security import PresentedSecret, digest
 from api.state import ApiState
 from schemas.admin import Liveness
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
@@ -32,6 +31,7 @@ from schemas.events import EventType, NodeAgentChanged, node_actor
 from store import changes
 from store.liveness import record_transition
 from store.models import Node
+from store.secrets import PresentedSecret, digest
 
 ONLINE = Liveness.ONLINE.value
 

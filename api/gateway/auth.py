@@ -22,13 +22,12 @@ from typing import Annotated
 from fastapi import Depends, Header
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api import security
 from api.deps import State
 from api.errors import Unauthenticated
 from api.state import ApiState
 from schemas.errors import ErrorCode
 from schemas.protocol import SERVICE_CLIENT_PREFIX
-from store import service_clients
+from store import secrets, service_clients
 from store.deployment_tables import ServiceClient
 
 
@@ -60,20 +59,20 @@ def scope_of(client: ServiceClient) -> ClientScope:
     )
 
 
-def issue_secret(client_id: uuid.UUID | None = None) -> security.IssuedSecret:
+def issue_secret(client_id: uuid.UUID | None = None) -> secrets.IssuedSecret:
     """A new service client secret; for a rotation, under the client's own id (the id
     in the wire format is the client's primary key)."""
-    return security.issue(SERVICE_CLIENT_PREFIX, client_id)
+    return secrets.issue(SERVICE_CLIENT_PREFIX, client_id)
 
 
-def presented_secret(authorization: str | None) -> security.PresentedSecret:
+def presented_secret(authorization: str | None) -> secrets.PresentedSecret:
     if not authorization:
         raise Unauthenticated(
             "a service client credential is required", code=ErrorCode.CREDENTIAL_MISSING
         )
     scheme, _, value = authorization.partition(" ")
     presented = (
-        security.parse(SERVICE_CLIENT_PREFIX, value.strip()) if scheme.lower() == "bearer" else None
+        secrets.parse(SERVICE_CLIENT_PREFIX, value.strip()) if scheme.lower() == "bearer" else None
     )
     if presented is None:
         raise Unauthenticated(
@@ -83,13 +82,13 @@ def presented_secret(authorization: str | None) -> security.PresentedSecret:
 
 
 async def authenticate_client(
-    sessions: async_sessionmaker[AsyncSession], presented: security.PresentedSecret
+    sessions: async_sessionmaker[AsyncSession], presented: secrets.PresentedSecret
 ) -> tuple[ClientScope, bytes]:
     """The caller's scope and its secret's digest, from one short transaction of its
     own that only reads; a refusal is the store's (store/errors.py: Unauthenticated)."""
     async with sessions() as session, session.begin():
         client = await service_clients.authenticate(
-            session, presented.id, security.digest(presented.secret)
+            session, presented.id, secrets.digest(presented.secret)
         )
         return scope_of(client), client.digest
 

@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api import security
 from api.cache_guard import ChangeGuard, kept_by_listen
-from store import deployment_routes
+from store import deployment_routes, secrets
 from store.deployment_routes import Route
 from store.notify import GATEWAY_CHANGES_CHANNEL
 
@@ -82,13 +81,13 @@ class GatewayCache:
 
     # ------------------------------------------------------------------ service clients
 
-    def client(self, presented: security.PresentedSecret) -> ClientScope | None:
+    def client(self, presented: secrets.PresentedSecret) -> ClientScope | None:
         """The scope when the presented secret matches a cached client (constant time);
         otherwise None, and the caller asks the database, which gives every refusal."""
         if not self.listening:
             return None
         entry = self._clients.get(presented.id)
-        if entry is None or not security.matches(presented.secret, entry.digest):
+        if entry is None or not secrets.matches(presented.secret, entry.digest):
             return None
         return entry.scope
 

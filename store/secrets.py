@@ -1,4 +1,8 @@
-"""Secrets: generation, wire format, digests and constant-time comparison.
+"""Secrets: generation, wire format, digests and constant-time comparison, for every
+secret ModelForge issues or checks: enrollment tokens and node credentials (the rules in
+store/enrollment.py, store/node_credentials.py, store/tokens.py), service clients
+(api/gateway/auth.py), the operator key (api/deps.py). Pure functions, in store/ so that
+the rules and the API both reach them; the prefixes and lengths are schemas/protocol.py's.
 
 Wire format ``<prefix>.<id hex>.<secret>``: the id finds the row by primary key, and
 only then is the secret's digest compared in constant time, so the database index is
@@ -13,14 +17,8 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from schemas.protocol import (
-    ENROLLMENT_TOKEN_PREFIX,
-    NODE_CREDENTIAL_PREFIX,
-    SECRET_MAX_LENGTH,
-    SECRET_MIN_LENGTH,
-)
+from schemas.protocol import SECRET_MAX_LENGTH, SECRET_MIN_LENGTH
 
-__all__ = ["ENROLLMENT_TOKEN_PREFIX", "NODE_CREDENTIAL_PREFIX"]
 _SECRET_BYTES = 32
 # Compared against when no row exists, so unknown ids cost the same as wrong secrets.
 _DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy").digest()
