@@ -22,7 +22,6 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.agent.auth import AuthenticatedNode, authenticate_node, serialize
-from api.agent.protocol import require_supported
 from api.node_cache import CachedNode
 from api.state import ApiState
 from schemas.admin import Liveness
@@ -31,6 +30,7 @@ from schemas.events import EventType, NodeAgentChanged, node_actor
 from store import changes
 from store.liveness import record_transition
 from store.models import Node
+from store.protocol_versions import require_supported
 from store.secrets import PresentedSecret, digest
 
 ONLINE = Liveness.ONLINE.value

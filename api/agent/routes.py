@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
-from api.agent.enrollment import enroll
 from api.agent.heartbeat import handle_heartbeat
 from api.agent.ingest import ingest_inventory, ingest_telemetry
 from api.deps import HeartbeatContext, NodeTransaction, State, Transaction
@@ -21,6 +20,7 @@ from schemas.agent import (
     TelemetryReport,
 )
 from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY, StreamName
+from store.enrollment import enroll
 
 # Every agent route: a refused credential or token (401), a protocol version, replay or
 # identity conflict (409), a body too large (413) or malformed (422), the database

@@ -1,4 +1,11 @@
-"""Enrollment: a one-time token becomes a node identity and its first credential."""
+"""Enrollment: a one-time token becomes a node identity and its first credential.
+
+The token's row lock makes it single-use; an ordinary token creates a new node with its
+streams, a recovery token (issued for a node, store/tokens.py) rebinds that node and
+revokes its old credentials. The credential is issued here (store/secrets.py) and only
+its digest is kept; the agent's later requests are admitted by store/node_credentials.py.
+The API route (api/agent/routes.py) only calls `enroll`.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,14 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.protocol import require_supported
-from api.errors import Conflict, Unauthenticated
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node_actor
 from schemas.protocol import ENROLLMENT_TOKEN_PREFIX, NODE_CREDENTIAL_PREFIX, StreamName
 from store import changes, nodes, secrets
+from store.errors import Conflict, Unauthenticated
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
+from store.protocol_versions import require_supported
 
 STREAMS = tuple(StreamName)
 
