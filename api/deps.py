@@ -16,12 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Header
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.auth import (
-    AuthenticatedNode,
-    admit_cached,
-    authenticate_node,
-    presented_credential,
-)
+from api.agent.auth import admit_cached, authenticate_node, presented_credential
 from api.agent.heartbeat import HeartbeatCall, heartbeat_transaction
 from api.errors import Forbidden, Unauthenticated
 from api.node_cache import CachedNode
@@ -29,6 +24,7 @@ from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER
 from store import nodes, secrets, service_clients
+from store.node_credentials import AuthenticatedNode
 
 State = Annotated[ApiState, Depends(get_state)]
 

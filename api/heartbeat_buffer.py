@@ -2,9 +2,9 @@
 
 A routine heartbeat (cached credential, node online, nothing new: api/agent/heartbeat.py)
 is only noted here, with the monotonic time it arrived, and answered. Every
-`flush_interval_s` one statement writes all of them, each as the database's own clock
-minus the time since it arrived, so liveness stays decided from server-received time on
-the database clock, whatever this host's clock says.
+`flush_interval_s` one statement writes all of them (store/heartbeat.py: write_routine),
+each as the database's own clock minus the time since it arrived, so liveness stays
+decided from server-received time on the database clock, whatever this host's clock says.
 
 What a crash costs: the heartbeats of the last interval not yet flushed. They can never
 turn into a false stale or offline as long as the interval is far below the stale
@@ -23,37 +23,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Final
 
 from prometheus_client import Counter
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, UUID
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-logger = logging.getLogger("modelforge.api.heartbeats")
+from store import heartbeat
 
-_FLUSH: Final = text(
-    """
-    WITH beats AS (
-        SELECT v.id, statement_timestamp() - make_interval(secs => v.age) AS at
-        FROM unnest(:ids, :ages) AS v(id, age)
-    ), locked AS (
-        -- In id order, as every multi-node writer should: two API processes flushing
-        -- overlapping nodes (or a flush and a sweep) then never deadlock.
-        SELECT n.id FROM nodes AS n JOIN beats ON beats.id = n.id ORDER BY n.id FOR UPDATE OF n
-    ), written AS (
-        UPDATE nodes AS n SET last_heartbeat_at = beats.at
-        FROM beats JOIN locked ON locked.id = beats.id
-        WHERE n.id = beats.id AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at < beats.at)
-        RETURNING 1
-    )
-    SELECT statement_timestamp() AS now, (SELECT count(*) FROM written) AS written
-    """
-).bindparams(
-    bindparam("ids", type_=ARRAY(UUID(as_uuid=True))),
-    bindparam("ages", type_=ARRAY(DOUBLE_PRECISION())),
-)
+logger = logging.getLogger("modelforge.api.heartbeats")
 
 
 class HeartbeatBuffer:
@@ -100,15 +77,15 @@ class HeartbeatBuffer:
         ages = [max(0.0, now - batch[i]) for i in ids]
         try:
             async with self._sessions() as session, session.begin():
-                row = (await session.execute(_FLUSH, {"ids": ids, "ages": ages})).one()
+                written = await heartbeat.write_routine(session, ids, ages)
         except BaseException:
             # Keep them for the next round, unless a newer heartbeat of the node came.
             for node_id, at in batch.items():
                 self._pending.setdefault(node_id, at)
             raise
-        self.observe(row.now)
+        self.observe(written.now)
         self.flushed.inc(len(ids))
-        return int(row.written)
+        return written.written
 
     async def run(self, stop: asyncio.Event) -> None:
         failing = False

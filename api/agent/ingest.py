@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import Table, and_, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.auth import AuthenticatedNode
 from api.agent.ordering import Decision, decide
 from api.errors import ApiError, Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
@@ -29,6 +28,7 @@ from schemas.protocol import StreamName
 from schemas.runtime_local import RuntimeReport
 from store import changes, deployments, inventory, runtime
 from store.models import NodeStream
+from store.node_credentials import AuthenticatedNode
 
 
 @dataclass(frozen=True)

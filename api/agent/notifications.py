@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from api.deps import State, node_outside_transaction
 from api.errors import ApiError, error_responses
 from schemas.protocol import NOTIFICATIONS
+from store.errors import StoreError
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
 
@@ -56,7 +57,7 @@ async def job_notifications(
                     continue
                 try:
                     await node_outside_transaction(state, authorization)
-                except (ApiError, SQLAlchemyError, OSError):
+                except (ApiError, StoreError, SQLAlchemyError, OSError):
                     return  # refused (or unsure): the channel closes, the agent polls
                 yield ": keep-alive\n\n"
                 check_at = loop.time() + keepalive_s

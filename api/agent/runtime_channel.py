@@ -31,6 +31,7 @@ from schemas.protocol import (
     INVOKE_STREAM,
     RUNTIME_CHANNEL,
 )
+from store.errors import StoreError
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
 # An answer is bounded by its token bound; this only stops a node streaming for ever.
@@ -77,7 +78,7 @@ async def runtime_channel(
                             continue
                         try:
                             await node_outside_transaction(state, authorization)
-                        except (ApiError, SQLAlchemyError, OSError):
+                        except (ApiError, StoreError, SQLAlchemyError, OSError):
                             return  # refused (or unsure): the channel closes
                         yield ": keep-alive\n\n"
                         check_at = loop.time() + keepalive_s

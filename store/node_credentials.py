@@ -1,0 +1,168 @@
+"""A node's bearer credentials: admitting one inside the request's transaction, and the
+credentials the API's node cache may hold.
+
+Admission reads the credential, its node and the database clock in one statement: a
+decommissioned node or a revoked credential is Unauthenticated (401), a disabled node
+Forbidden (403). The node lock (store/locks.py) is taken before the read on paths that
+emit events, or late (`serialize`) on the heartbeat's, which usually emits nothing; the
+late one re-reads, so a revocation or decommission that committed meanwhile wins.
+
+The API parses the Authorization header and keeps the node cache (api/agent/auth.py);
+the rules that take an admitted node are store/heartbeat.py and store/ingest.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.admin import Liveness
+from schemas.errors import ErrorCode
+from schemas.protocol import NODE_CREDENTIAL_PREFIX
+from store import secrets
+from store.errors import Forbidden, NotOwned, StoreError, Unauthenticated
+from store.locks import node_xact_lock
+from store.models import Node, NodeCredential
+
+
+@dataclass(frozen=True)
+class AuthenticatedNode:
+    node_id: uuid.UUID
+    credential_id: uuid.UUID
+    agent_version: str
+    protocol_version: int
+    capabilities: list[str]
+    # Recorded liveness (store/liveness.py), not the computed one.
+    liveness: str
+    # Database clock at authentication: the server-received time of this request.
+    received_at: datetime
+    # True once this transaction holds the node's event lock (store/locks.py).
+    serialized: bool
+
+    def require_owns(self, claimed_node_id: uuid.UUID) -> None:
+        if claimed_node_id != self.node_id:
+            raise NotOwned(
+                "the credential belongs to a different node", code=ErrorCode.NODE_MISMATCH
+            )
+
+
+@dataclass(frozen=True)
+class LiveCredential:
+    """A credential admission takes now, with its digest (what the node cache keeps)."""
+
+    node: AuthenticatedNode
+    digest: bytes
+
+
+async def _lock_node_of(session: AsyncSession, credential_id: uuid.UUID) -> None:
+    # A credential's node never changes, so reading it before the lock is safe.
+    await session.execute(
+        select(node_xact_lock(NodeCredential.node_id)).where(NodeCredential.id == credential_id)
+    )
+
+
+def _credentials() -> Select[*tuple[Any, ...]]:
+    """What admitting a credential reads: the credential, its node, the database clock."""
+    return select(
+        NodeCredential.id.label("credential_id"),
+        NodeCredential.digest,
+        NodeCredential.revoked_at,
+        Node.id,
+        Node.enabled,
+        Node.decommissioned_at,
+        Node.agent_version,
+        Node.protocol_version,
+        Node.capabilities,
+        Node.liveness,
+        func.statement_timestamp().label("now"),
+    ).join(Node, Node.id == NodeCredential.node_id)
+
+
+async def _load(session: AsyncSession, credential_id: uuid.UUID) -> Row[Any] | None:
+    query = _credentials().where(NodeCredential.id == credential_id)
+    row: Row[Any] | None = (await session.execute(query)).one_or_none()
+    return row
+
+
+def _admit(row: Row[Any], credential_id: uuid.UUID, serialized: bool) -> AuthenticatedNode:
+    if row.decommissioned_at is not None:
+        raise Unauthenticated(
+            "this node was decommissioned; its identity can never be used again",
+            code=ErrorCode.NODE_DECOMMISSIONED,
+        )
+    if row.revoked_at is not None:
+        raise Unauthenticated("this credential was revoked", code=ErrorCode.CREDENTIAL_REVOKED)
+    if not row.enabled:
+        raise Forbidden("this node is disabled by an operator", code=ErrorCode.NODE_DISABLED)
+    return AuthenticatedNode(
+        node_id=row.id,
+        credential_id=credential_id,
+        agent_version=row.agent_version,
+        protocol_version=row.protocol_version,
+        capabilities=list(row.capabilities),
+        liveness=row.liveness,
+        received_at=row.now,
+        serialized=serialized,
+    )
+
+
+async def authenticate(
+    session: AsyncSession, credential: str, *, serialize: bool = True
+) -> AuthenticatedNode:
+    """The node whose credential (the bearer value) was presented. serialize=False skips
+    the node lock; only for paths that usually emit nothing."""
+    presented = secrets.parse(NODE_CREDENTIAL_PREFIX, credential)
+    if presented is None:
+        raise Unauthenticated(
+            "the value is not a node credential", code=ErrorCode.CREDENTIAL_MALFORMED
+        )
+    if serialize:
+        await _lock_node_of(session, presented.id)
+    row = await _load(session, presented.id)
+    if not secrets.matches(presented.secret, row.digest if row else None) or row is None:
+        raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
+    return _admit(row, presented.id, serialize)
+
+
+async def serialize(session: AsyncSession, node: AuthenticatedNode) -> AuthenticatedNode:
+    """Take the node lock late, then re-check the credential against fresh state.
+
+    The first check ran before the lock; a revocation or decommission may have
+    committed while we waited, and it must win.
+    """
+    if node.serialized:
+        return node
+    await _lock_node_of(session, node.credential_id)
+    row = await _load(session, node.credential_id)
+    if row is None:
+        raise Unauthenticated("unknown node credential", code=ErrorCode.CREDENTIAL_INVALID)
+    fresh = _admit(row, node.credential_id, serialized=True)
+    # Keep the original received_at: it is when the request arrived.
+    return AuthenticatedNode(**{**fresh.__dict__, "received_at": node.received_at})
+
+
+async def live_online(session: AsyncSession) -> tuple[list[LiveCredential], datetime | None]:
+    """Every live credential of an online node, admitted by the same rule as a request's,
+    and the database clock (None when there is none): what a new API process warms its
+    node cache from (api/agent/auth.py: warm)."""
+    rows = (
+        await session.execute(
+            _credentials().where(
+                Node.liveness == Liveness.ONLINE.value, NodeCredential.revoked_at.is_(None)
+            )
+        )
+    ).all()
+    live = []
+    for row in rows:
+        try:
+            node = _admit(row, row.credential_id, serialized=False)
+        except StoreError:
+            continue
+        live.append(LiveCredential(node=node, digest=row.digest))
+    now = rows[0].now if rows else None
+    return live, now
