@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from api.errors import Conflict
 from schemas.agent import IngestResult
 from schemas.errors import ErrorCode
+from store.errors import Conflict
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -8,7 +8,7 @@ arrives while a batch is being written goes into the next one, so an idle API wr
 sample at once (a batch of one) and a busy one writes hundreds per transaction, with
 no timer and no added delay beyond the batch in flight.
 
-The rules are the single sample's (api/agent/ingest.py: step, ingest_telemetry_batch):
+The rules are the single sample's (store/ingest.py: step, ingest_telemetry_batch):
 the same decisions, replays answered 409 each, one not-applied event per episode, the
 server-received time the database clock when the batch locked the rows. A batch that
 fails (the database down) fails every request in it, each with the same error a single
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.agent.ingest import Sample, ingest_telemetry_batch
 from api.metrics import ApiMetrics
 from schemas.agent import IngestResult, TelemetryReport
+from store.ingest import Sample, ingest_telemetry_batch
 
 logger = logging.getLogger("modelforge.api.telemetry")
 

@@ -1,6 +1,6 @@
 """Inventory: the route stores an accepted report; a worker reconciles it.
 
-The inventory route decides ordering synchronously (api/agent/ingest.py) and, for an
+The inventory route decides ordering synchronously (store/ingest.py) and, for an
 accepted report, calls `accept`: the report is stored as a pending observation with
 its node.inventory.accepted event, in the request's transaction.
 

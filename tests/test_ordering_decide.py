@@ -1,4 +1,4 @@
-"""api/agent/ordering.py: decide, the ordering rules of protocol v1, directly.
+"""store/ordering.py: decide, the ordering rules of protocol v1, directly.
 
 Per stream: a sequence at or below the cursor is a replay (409, nothing changes);
 any higher sequence advances the cursor (gaps included), and its sample replaces
@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from api.agent.ordering import Decision, decide
 from schemas.agent import NotAppliedReason
+from store.ordering import Decision, decide
 
 pytestmark = pytest.mark.fast
 

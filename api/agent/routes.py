@@ -6,7 +6,6 @@ from fastapi import APIRouter, status
 
 from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
 from api.agent.heartbeat import handle_heartbeat
-from api.agent.ingest import ingest_inventory, ingest_telemetry
 from api.deps import HeartbeatContext, NodeTransaction, State, Transaction
 from api.errors import error_responses
 from api.metrics import counted_ingest
@@ -21,6 +20,7 @@ from schemas.agent import (
 )
 from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY, StreamName
 from store.enrollment import enroll
+from store.ingest import ingest_inventory, ingest_telemetry
 
 # Every agent route: a refused credential or token (401), a protocol version, replay or
 # identity conflict (409), a body too large (413) or malformed (422), the database

@@ -10,7 +10,6 @@ import uuid
 from fastapi import APIRouter, Response, status
 
 from api.agent import leased
-from api.agent.ingest import ingest_runtime
 from api.deps import NodeTransaction
 from api.errors import error_responses
 from schemas.agent import IngestResult
@@ -35,6 +34,7 @@ from schemas.runtime import (
 )
 from schemas.runtime_local import RuntimeReport
 from store import leases, runtime
+from store.ingest import ingest_runtime
 
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 409, 413, 422, 503))
 REPORT = error_responses(404)

@@ -1,11 +1,16 @@
-"""Inventory and telemetry ingest: cursor, last-good state and not-applied reasons.
+"""Inventory, telemetry and runtime ingest: cursor, last-good state and not-applied
+reasons, each sample decided by the ordering rules (store/ordering.py: decide) through
+one pure step (`step`) that the single sample and the batch share.
 
 An accepted inventory is stored for the workers to reconcile (store/inventory.py): the
-request decides ordering and answers; GPU events follow a few hundred ms later.
+request decides ordering and answers; GPU events follow a few hundred ms later. A
+replay is refused as a Conflict (409, sequence_replayed).
 
 The server-received time of a sample is the database clock when its stream row is
 locked: one statement reads the cursor and the time, whichever way the node was
-authenticated (the node cache or the database, api/deps.py).
+authenticated (the node cache or the database, api/deps.py). The API's routes call
+these (api/agent/routes.py, api/agent/runtime.py), and a cached node's telemetry joins
+a batch (api/telemetry_batch.py: ingest_telemetry_batch here).
 """
 
 from __future__ import annotations
@@ -19,16 +24,16 @@ from typing import Any
 from sqlalchemy import Table, and_, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.ordering import Decision, decide
-from api.errors import ApiError, Conflict
 from schemas.agent import IngestResult, InventoryReport, TelemetryReport
 from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied, node_actor
 from schemas.protocol import StreamName
 from schemas.runtime_local import RuntimeReport
 from store import changes, deployments, inventory, runtime
+from store.errors import Conflict
 from store.models import NodeStream
 from store.node_credentials import AuthenticatedNode
+from store.ordering import Decision, decide
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,7 @@ class Sample:
 
 async def ingest_telemetry_batch(
     session: AsyncSession, samples: Sequence[Sample], *, future_skew_limit_s: float
-) -> list[IngestResult | ApiError]:
+) -> list[IngestResult | Conflict]:
     """Many nodes' telemetry in one transaction, each sample decided by `step` in arrival
     order against its stream as the samples before it left it: the outcome of each, in
     order (a replay is its Conflict). The rows are locked in node order, so a batch and
@@ -253,7 +258,7 @@ async def ingest_telemetry_batch(
         raise LookupError(f"nodes without a {stream_name} stream: {missing}")
     received_at: datetime = rows[0].now
     finals: dict[uuid.UUID, dict[str, Any]] = {}
-    outcomes: list[IngestResult | ApiError] = []
+    outcomes: list[IngestResult | Conflict] = []
     for sample in samples:
         state = states[sample.node_id]
         report = sample.report

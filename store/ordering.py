@@ -5,6 +5,9 @@
   observed_at is older than last-good's, or further ahead of the server clock than
   the future-skew limit. Such a sample is "not applied" and the reason stays on the
   stream until a good one arrives.
+
+Pure, so the fast tier tests it directly (tests/test_ordering_decide.py); store/ingest.py
+applies it to a stream's row.
 """
 
 from __future__ import annotations
