@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.admin.routes import router as admin_router
 from api.agent.auth import warm
-from api.agent.fast_path import fast_routes
+from api.agent.fast_path import FleetApp
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
 from api.gateway.cache import database_routes, gateway_cache
@@ -126,7 +126,11 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
             await broker.close()
             await engine.dispose()
 
-    app = FastAPI(
+    # The fleet's routine heartbeats and cached telemetry are looked at before anything
+    # else, the middleware included (api/agent/fast_path.py).
+    app = FleetApp(
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
         title="ModelForge control plane",
         version="1",
         lifespan=lifespan,
@@ -148,6 +152,4 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(agent_router)
     app.include_router(health_router)
     app.include_router(admin_router)
-    # Ahead of everything: the fleet's routine heartbeats and cached telemetry.
-    app.router.routes[0:0] = fast_routes()
     return app

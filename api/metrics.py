@@ -106,6 +106,11 @@ class ApiMetrics:
         )
 
 
+def count_decision(metrics: ApiMetrics, stream: str, result: IngestResult) -> None:
+    decision = "applied" if result.applied else str(result.reason or "not_applied")
+    metrics.ingest.labels(stream, decision).inc()
+
+
 @contextlib.contextmanager
 def counted_ingest(
     metrics: ApiMetrics, stream: str
@@ -113,8 +118,7 @@ def counted_ingest(
     """Count the decision of one inventory or telemetry sample, replays included."""
 
     def count(result: IngestResult) -> IngestResult:
-        decision = "applied" if result.applied else str(result.reason or "not_applied")
-        metrics.ingest.labels(stream, decision).inc()
+        count_decision(metrics, stream, result)
         return result
 
     try:

@@ -90,7 +90,8 @@ def test_routine_heartbeats_land_within_the_flush_interval(
             stored = last_heartbeat(database_url, node.node_id)
             return abs(stored - received) < timedelta(milliseconds=100)
 
-        wait_until(landed, 10 * FLUSH_S, "the routine heartbeat flushed")
+        # The bound is the shared box's, not the claim's: the claim is the value written.
+        wait_until(landed, 25 * FLUSH_S, "the routine heartbeat flushed")
         stored = last_heartbeat(database_url, node.node_id)
         # A transactional write meanwhile is never overwritten by an older routine one.
         node_key = uuid.UUID(node.node_id)  # a parsed UUID: safe to write into the SQL
@@ -100,7 +101,7 @@ def test_routine_heartbeats_land_within_the_flush_interval(
         assert future > stored + timedelta(minutes=59)
         flushes = timestamps_flushed(client)
         beat(client, node)
-        wait_until(lambda: timestamps_flushed(client) > flushes, 10 * FLUSH_S, "a flush")
+        wait_until(lambda: timestamps_flushed(client) > flushes, 25 * FLUSH_S, "a flush")
         assert last_heartbeat(database_url, node.node_id) == future
 
 

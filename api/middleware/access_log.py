@@ -15,6 +15,13 @@ logger = logging.getLogger("modelforge.api.access")
 UNMATCHED = "unmatched"
 
 
+def record_access(method: str, path: str, status: int, elapsed_s: float) -> None:
+    """The access log line of one request (also written by api/agent/fast_path.py)."""
+    # The path only, never the query string: filters could carry identifiers an
+    # operator would rather not see in shared logs.
+    logger.info("%s %s %d %.1fms", method, path, status, elapsed_s * 1000)
+
+
 class AccessLogMiddleware:
     def __init__(self, app: ASGIApp, *, metrics: ApiMetrics) -> None:
         self.app = app
@@ -38,9 +45,7 @@ class AccessLogMiddleware:
         finally:
             elapsed = time.perf_counter() - started
             method = scope["method"]
-            # The path only, never the query string: filters could carry identifiers
-            # an operator would rather not see in shared logs.
-            logger.info("%s %s %d %.1fms", method, scope["path"], status, elapsed * 1000)
+            record_access(method, scope["path"], status, elapsed)
             # The router writes the matched route into the scope it was given; its
             # template keeps the labels bounded and free of identifiers.
             template = getattr(scope.get("route"), "path", None) or UNMATCHED

@@ -19,12 +19,13 @@ _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 logger = logging.getLogger("modelforge.api")
 
 
-_HEADER_BYTES = HEADER.encode()
+HEADER_BYTES = HEADER.encode()
 
 
-def _incoming(scope: Scope) -> str | None:
+def incoming_correlation_id(scope: Scope) -> str | None:
+    """The client's correlation id, if it sent an acceptable one."""
     for name, value in scope.get("headers", []):
-        if name == _HEADER_BYTES:
+        if name == HEADER_BYTES:
             text = value.decode("latin-1")
             # An unsafe value would end up in logs and headers: replace rather than echo.
             return text if _ACCEPTABLE.match(text) else None
@@ -42,7 +43,7 @@ class CorrelationIdMiddleware:
             await self.app(scope, receive, send)
             return
         # 32 hex digits, as uuid4().hex, without building a UUID object on the hot path.
-        correlation_id = _incoming(scope) or secrets.token_hex(16)
+        correlation_id = incoming_correlation_id(scope) or secrets.token_hex(16)
         token = correlation_id_var.set(correlation_id)
         started = False
 
@@ -50,8 +51,8 @@ class CorrelationIdMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                headers = [(k, v) for k, v in message.get("headers", []) if k != _HEADER_BYTES]
-                headers.append((_HEADER_BYTES, correlation_id.encode()))
+                headers = [(k, v) for k, v in message.get("headers", []) if k != HEADER_BYTES]
+                headers.append((HEADER_BYTES, correlation_id.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
