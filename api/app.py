@@ -25,6 +25,7 @@ from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.heartbeat_buffer import heartbeat_buffer
 from api.held_streams import HeldStreams
+from api.loop_health import loop_health
 from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
@@ -78,6 +79,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
         sessions = make_sessionmaker(engine)
         try:
             async with (
+                loop_health(metrics.registry),
                 node_cache(settings.database_url) as cache,
                 gateway_cache(
                     settings.database_url,
@@ -117,6 +119,9 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     telemetry=telemetry,
                 )
                 warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))
+                # Serving starts after the lifespan's startup; with --processes the
+                # connections that arrive meanwhile wait in the shared socket's backlog.
+                await asyncio.wait({warming}, timeout=settings.node_cache_warm_wait_s)
                 try:
                     yield
                 finally:

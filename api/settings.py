@@ -49,6 +49,10 @@ class ApiSettings(LeaseSettings):
     # agent request authenticates against the database, every heartbeat is one
     # transaction (the path before the cache; kept for comparison and diagnosis).
     heartbeat_cache: bool = True
+    # How long a starting process waits for its node cache to be warmed before it
+    # serves: a fleet returning to a restarted API is then answered from the cache from
+    # its first heartbeat. Past it, the process serves anyway and the warm goes on.
+    node_cache_warm_wait_s: float = Field(default=10.0, ge=0)
     heartbeat_flush_interval_s: float | None = Field(default=None, gt=0)
     log_level: str = "INFO"
     # /readyz answers 503 when the relay is this far behind (events stall: no worker

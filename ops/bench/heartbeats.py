@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loop_figures
 import wrk_load
 
 from schemas.protocol import ENROLL, HEARTBEAT, TOKENS
@@ -286,6 +287,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                 )
             )
             wrk_beats = wrk("heartbeat", api_url, HEARTBEAT, nodes) if use_wrk else None
+            loop = loop_figures.loop_line(httpx.get(f"{api_url}/metrics", timeout=10).text)
         # The same API with every heartbeat a transaction (the path before the node
         # cache and the group commit), under wrk: what the cache buys, in this run.
         wrk_transactional = None
@@ -312,6 +314,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     )
     print(beats.line())
     print(baseline.line())
+    print(f"the API, both heartbeat phases: {loop}")
     print(
         f"\nheartbeat / no-op: throughput {beats.throughput / baseline.throughput:.2f}x,"
         f" p50 {beats.percentile(50) / baseline.percentile(50):.2f}x,"
