@@ -1,4 +1,5 @@
-"""The audit log, written from the event stream (workers/audit.py) and nowhere else.
+"""The audit log, written from the event stream (workers/audit.py) and nowhere else, and
+read by operators (`query`, the admin route's: api/admin/routes.py).
 
 One row per CloudEvent (but the NOT_AUDITED kinds), keyed by the event id: a redelivered
 event, or one delivered to two consumers, inserts nothing the second time. Details are
@@ -12,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from schemas.admin import AuditList, AuditQuery, AuditRecord
 from schemas.events import NOT_AUDITED, SUBJECT_IDS, SUBJECT_PREFIX, CloudEvent
 from store.models import AuditEntry
 
@@ -78,3 +80,44 @@ class Backlog:
 async def backlog(connection: AsyncConnection | AsyncSession) -> Backlog:
     row = (await connection.execute(_BACKLOG)).one()
     return Backlog(unreconciled=int(row[0]), unaudited=int(row[1]))
+
+
+async def query(session: AsyncSession, asked: AuditQuery) -> AuditList:
+    """The audit log for an operator: newest first, every given field matched exactly,
+    keyset-paginated by id (`next_before_id` is the next page's `before_id`)."""
+    statement = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(asked.limit + 1)
+    exact = {
+        AuditEntry.actor: asked.actor,
+        AuditEntry.action: asked.action,
+        AuditEntry.target_type: asked.target_type,
+        AuditEntry.target_id: asked.target_id,
+        AuditEntry.correlation_id: asked.correlation_id,
+    }
+    for column, value in exact.items():
+        if value is not None:
+            statement = statement.where(column == value)
+    if asked.since is not None:
+        statement = statement.where(AuditEntry.at >= asked.since)
+    if asked.until is not None:
+        statement = statement.where(AuditEntry.at < asked.until)
+    if asked.before_id is not None:
+        statement = statement.where(AuditEntry.id < asked.before_id)
+    rows = list((await session.execute(statement)).scalars())
+    more = len(rows) > asked.limit
+    rows = rows[: asked.limit]
+    return AuditList(
+        items=[
+            AuditRecord(
+                id=row.id,
+                at=row.at,
+                actor=row.actor,
+                action=row.action,
+                target_type=row.target_type,
+                target_id=row.target_id,
+                correlation_id=row.correlation_id,
+                details=row.details,
+            )
+            for row in rows
+        ],
+        next_before_id=rows[-1].id if more and rows else None,
+    )

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
-from schemas.events import CredentialRevokedEvent, EventType, NodeEnrolled, node_actor
+from schemas.events import EventType, NodeEnrolled, node_actor
 from schemas.protocol import ENROLLMENT_TOKEN_PREFIX, NODE_CREDENTIAL_PREFIX, StreamName
-from store import changes, nodes, secrets
+from store import changes, node_credentials, nodes, secrets
 from store.errors import Conflict, Unauthenticated
 from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
 from store.protocol_versions import require_supported
@@ -60,16 +60,9 @@ async def _rebind(
     assert node is not None  # a recovery token's node is a foreign key
     if nodes.is_terminal(node):
         raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
-    revoked = await nodes.revoke_active_credentials(session, node.id, "re-enrolled", now)
-    if revoked:
-        changes.record(
-            session,
-            EventType.NODE_CREDENTIAL_REVOKED,
-            CredentialRevokedEvent(
-                node_id=node.id, credential_ids=list(revoked), reason="re-enrolled"
-            ),
-            actor=node_actor(node.id),
-        )
+    await node_credentials.revoke_all(
+        session, node.id, "re-enrolled", now, actor=node_actor(node.id)
+    )
     node.hostname = request.hostname
     node.agent_version = request.agent_version
     node.protocol_version = request.protocol_version

@@ -1,5 +1,6 @@
-"""A node's bearer credentials: admitting one inside the request's transaction, and the
-credentials the API's node cache may hold.
+"""A node's bearer credentials: admitting one inside the request's transaction, the
+credentials the API's node cache may hold, and ending or replacing them (an operator's
+revoke and rotate; enrollment's rebind and decommission revoke through `revoke_all`).
 
 Admission reads the credential, its node and the database clock in one statement: a
 decommissioned node or a revoked credential is Unauthenticated (401), a disabled node
@@ -21,10 +22,16 @@ from typing import Any
 from sqlalchemy import Row, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from schemas.admin import Liveness
+from schemas.admin import CredentialRevoked, CredentialRotated, Liveness
 from schemas.errors import ErrorCode
+from schemas.events import (
+    OPERATOR_ACTOR,
+    CredentialRevokedEvent,
+    CredentialRotatedEvent,
+    EventType,
+)
 from schemas.protocol import NODE_CREDENTIAL_PREFIX
-from store import secrets
+from store import changes, nodes, secrets
 from store.errors import Forbidden, NotOwned, StoreError, Unauthenticated
 from store.locks import node_xact_lock
 from store.models import Node, NodeCredential
@@ -166,3 +173,57 @@ async def live_online(session: AsyncSession) -> tuple[list[LiveCredential], date
         live.append(LiveCredential(node=node, digest=row.digest))
     now = rows[0].now if rows else None
     return live, now
+
+
+async def revoke_all(
+    session: AsyncSession, node_id: uuid.UUID, reason: str, at: datetime, *, actor: str
+) -> list[uuid.UUID]:
+    """Revoke every active credential of the node, with the revocation's event when
+    there was one to revoke; the ids revoked."""
+    revoked = await nodes.revoke_active_credentials(session, node_id, reason, at)
+    if revoked:
+        changes.record(
+            session,
+            EventType.NODE_CREDENTIAL_REVOKED,
+            CredentialRevokedEvent(node_id=node_id, credential_ids=revoked, reason=reason),
+            actor=actor,
+        )
+    return revoked
+
+
+async def revoke(session: AsyncSession, node_id: uuid.UUID) -> CredentialRevoked:
+    """An operator ends the node's credentials; the node re-enrolls with a recovery token."""
+    node = await nodes.lock_existing(session, node_id)
+    nodes.require_not_terminal(node)
+    revoked = await revoke_all(
+        session, node.id, "revoked", await nodes.now(session), actor=OPERATOR_ACTOR
+    )
+    return CredentialRevoked(node_id=node.id, revoked_credential_ids=revoked)
+
+
+async def rotate(session: AsyncSession, node_id: uuid.UUID) -> CredentialRotated:
+    """An operator replaces the node's credential: the new one is shown once, the old
+    ones stop working when this commits."""
+    # The node row lock serialises rotations; the partial unique index on active
+    # credentials would reject a second active one even if it did not.
+    node = await nodes.lock_existing(session, node_id)
+    nodes.require_not_terminal(node)
+    revoked = await nodes.revoke_active_credentials(
+        session, node.id, "rotated", await nodes.now(session)
+    )
+    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
+    session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
+    changes.record(
+        session,
+        EventType.NODE_CREDENTIAL_ROTATED,
+        CredentialRotatedEvent(
+            node_id=node.id, credential_id=issued.id, revoked_credential_ids=revoked
+        ),
+        actor=OPERATOR_ACTOR,
+    )
+    return CredentialRotated(
+        node_id=node.id,
+        credential_id=issued.id,
+        credential=issued.wire,
+        revoked_credential_ids=revoked,
+    )

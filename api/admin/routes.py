@@ -1,5 +1,11 @@
 """Administrative routes (under ADMIN_PREFIX, schemas/protocol.py). Every one requires the
-operator key."""
+operator key.
+
+Each route is one call: to a store rule where the answer is the rule's own result
+(tokens, credentials, decommission, the audit log: store/tokens.py,
+store/node_credentials.py, store/decommission.py, store/audit.py), or to the admin
+module that builds the view from the store's rows (api/admin/nodes.py, fleet.py, ...).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +16,12 @@ from fastapi import APIRouter, Depends, Query, status
 
 from api.admin import (
     artifact_jobs,
-    audit_log,
-    credentials,
     dead_letters,
-    decommission,
     deployments,
     fleet,
     nodes,
     runtime,
     service_clients,
-    tokens,
 )
 from api.deps import AdminTransaction, State, require_operator
 from api.errors import error_responses
@@ -52,6 +54,7 @@ from schemas.admin import (
 )
 from schemas.base import CountParam, FilterText, PositiveParam
 from schemas.protocol import AUDIT, DEAD_LETTERS, FLEET, NODES, TOKENS
+from store import audit, decommission, node_credentials, tokens
 
 # Every admin route: no or a wrong operator key (401/403), a body too large (413) or
 # malformed (422), the database (or, for dead letters, NATS) unavailable (503). The
@@ -73,7 +76,7 @@ router = APIRouter(
 async def create_token(
     body: CreateEnrollmentToken, session: AdminTransaction
 ) -> EnrollmentTokenCreated:
-    return await tokens.create_token(session, body)
+    return await tokens.create(session, body)
 
 
 @router.get(TOKENS)
@@ -82,12 +85,12 @@ async def list_tokens(
     state: TokenState | None = None,
     limit: PageLimit = 100,
 ) -> EnrollmentTokenList:
-    return EnrollmentTokenList(items=await tokens.list_tokens(session, state, limit))
+    return EnrollmentTokenList(items=await tokens.listed(session, state, limit))
 
 
 @router.post(TOKENS + "/{token_id}/revoke", responses=MISSING_OR_CONFLICT)
 async def revoke_token(token_id: uuid.UUID, session: AdminTransaction) -> EnrollmentTokenInfo:
-    return await tokens.revoke_token(session, token_id)
+    return await tokens.revoke(session, token_id)
 
 
 @router.get(NODES)
@@ -126,12 +129,12 @@ async def patch_node(
 
 @router.post(NODES + "/{node_id}/credential/revoke", responses=MISSING_OR_CONFLICT)
 async def revoke_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRevoked:
-    return await credentials.revoke_credentials(session, node_id)
+    return await node_credentials.revoke(session, node_id)
 
 
 @router.post(NODES + "/{node_id}/credential/rotate", responses=MISSING_OR_CONFLICT)
 async def rotate_credential(node_id: uuid.UUID, session: AdminTransaction) -> CredentialRotated:
-    return await credentials.rotate_credential(session, node_id)
+    return await node_credentials.rotate(session, node_id)
 
 
 @router.get(NODES + "/{node_id}/decommission/preview", responses=MISSING)
@@ -152,7 +155,7 @@ async def decommission_node(
 async def query_audit(
     session: AdminTransaction, query: Annotated[AuditQuery, Query()]
 ) -> AuditList:
-    return await audit_log.query_audit(session, query)
+    return await audit.query(session, query)
 
 
 @router.get(FLEET)

@@ -1,4 +1,10 @@
-"""Enrollment tokens: create (secret shown once), list (never the secret), revoke."""
+"""Enrollment tokens: create (secret shown once), list (never the secret), revoke.
+
+A token's state (active, used, revoked, expired) is read by `token_state` and filtered
+by the same cases in SQL. A token issued for a node is a recovery token, which
+enrollment rebinds that node with (store/enrollment.py). The operator routes call these
+directly (api/admin/routes.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.errors import Conflict, NotFound
 from schemas.admin import (
     CreateEnrollmentToken,
     EnrollmentTokenCreated,
@@ -19,6 +24,7 @@ from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR, EventType, TokenCreated, TokenRevoked
 from schemas.protocol import ENROLLMENT_TOKEN_PREFIX
 from store import changes, nodes, secrets
+from store.errors import Conflict, Missing
 from store.models import EnrollmentToken, Node
 
 
@@ -48,14 +54,12 @@ def token_info(token: EnrollmentToken, now: datetime) -> EnrollmentTokenInfo:
     )
 
 
-async def create_token(
-    session: AsyncSession, body: CreateEnrollmentToken
-) -> EnrollmentTokenCreated:
+async def create(session: AsyncSession, body: CreateEnrollmentToken) -> EnrollmentTokenCreated:
     now = await nodes.now(session)
     if body.node_id is not None:
         node = await session.get(Node, body.node_id)
         if node is None:
-            raise NotFound(f"node {body.node_id} does not exist")
+            raise Missing(f"node {body.node_id} does not exist", code=ErrorCode.NOT_FOUND)
         if node.decommissioned_at is not None:
             raise Conflict("the node was decommissioned", code=ErrorCode.NODE_TERMINAL)
     issued = secrets.issue(ENROLLMENT_TOKEN_PREFIX)
@@ -95,7 +99,7 @@ def _state_filter(state: TokenState, now: datetime) -> ColumnElement[bool]:
     }[state]
 
 
-async def list_tokens(
+async def listed(
     session: AsyncSession, state: TokenState | None, limit: int
 ) -> list[EnrollmentTokenInfo]:
     now = await nodes.now(session)
@@ -105,12 +109,12 @@ async def list_tokens(
     return [token_info(token, now) for token in (await session.execute(query)).scalars()]
 
 
-async def revoke_token(
+async def revoke(
     session: AsyncSession, token_id: uuid.UUID, *, reason: str = "operator"
 ) -> EnrollmentTokenInfo:
     token = await session.get(EnrollmentToken, token_id, with_for_update=True)
     if token is None:
-        raise NotFound(f"enrollment token {token_id} does not exist")
+        raise Missing(f"enrollment token {token_id} does not exist", code=ErrorCode.NOT_FOUND)
     now = await nodes.now(session)
     if token.used_at is not None:
         raise Conflict("the token was already used", code=ErrorCode.STATE_CONFLICT)

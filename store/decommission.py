@@ -1,4 +1,11 @@
-"""Permanent decommission: a terminal state that refuses the identity everywhere, forever."""
+"""Permanent decommission: a terminal state that refuses the identity everywhere, forever.
+
+`preview` says what a decommission would end; `execute`, under the node's lock, revokes
+its credentials and its open recovery tokens, marks it decommissioned (every API
+process drops it from its node cache: store/nodes.py standing_changed) and records the
+one event. Admission refuses the node from then on (store/node_credentials.py). The
+operator routes call these directly (api/admin/routes.py).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,13 @@ import uuid
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.admin.nodes import lock_node, require_not_terminal
-from api.errors import Conflict, NotFound
 from schemas.admin import DecommissionPreview, DecommissionRequest, DecommissionResult, Liveness
 from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR, EventType, NodeDecommissioned
 from store import changes, nodes
-from store.liveness import LivenessThresholds, liveness_expression
-from store.models import EnrollmentToken, Gpu, Node, NodeCredential
+from store.errors import Conflict, Missing
+from store.liveness import LivenessThresholds
+from store.models import EnrollmentToken, Gpu, NodeCredential
 
 
 def _open_recovery_tokens(node_id: uuid.UUID) -> tuple[ColumnElement[bool], ...]:
@@ -28,13 +34,9 @@ def _open_recovery_tokens(node_id: uuid.UUID) -> tuple[ColumnElement[bool], ...]
 async def preview(
     session: AsyncSession, thresholds: LivenessThresholds, node_id: uuid.UUID
 ) -> DecommissionPreview:
-    row = (
-        await session.execute(
-            select(Node, liveness_expression(thresholds)).where(Node.id == node_id)
-        )
-    ).one_or_none()
+    row = await nodes.with_liveness(session, thresholds, node_id)
     if row is None:
-        raise NotFound(f"node {node_id} does not exist")
+        raise Missing(f"node {node_id} does not exist", code=ErrorCode.NOT_FOUND)
     node, liveness = row
     credentials = (
         await session.execute(
@@ -67,8 +69,8 @@ async def execute(
             "confirm_node_id does not match the node being decommissioned",
             code=ErrorCode.IDENTITY_CONFLICT,
         )
-    node = await lock_node(session, node_id)
-    require_not_terminal(node)
+    node = await nodes.lock_existing(session, node_id)
+    nodes.require_not_terminal(node)
     now = await nodes.now(session)
     revoked = await nodes.revoke_active_credentials(session, node.id, "decommissioned", now)
     tokens = list(
