@@ -1,4 +1,9 @@
-"""The API's exception hierarchy. Routes raise these; handlers map them to HTTP once."""
+"""The API layer's own refusals: what no store rule decides, and what may carry headers.
+A request's Authorization or operator-key header, the gateway's bounds and routing
+(Retry-After), a held stream's refusals (Connection: close), a service we called
+(dead letters, manifests). The rules refuse with store/errors.py's hierarchy instead;
+api/handlers.py maps both to HTTP once, with the same body.
+"""
 
 from __future__ import annotations
 
