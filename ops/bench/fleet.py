@@ -53,6 +53,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database)
+import loop_figures  # noqa: E402
 import wrk_fleet  # noqa: E402
 
 from schemas.protocol import HEARTBEAT, INVENTORY, TELEMETRY  # noqa: E402
@@ -119,6 +120,8 @@ class SizeResult:
     settle_s: float | None = None
     error_kinds: str = ""
     storm: Storm | None = None
+    telemetry_ms: tuple[float, float] | None = None
+    loop: str = ""
 
     def lines(self) -> list[str]:
         per = 1000 / self.nodes * 60 / self.steady_s if self.steady_s else 0.0
@@ -135,9 +138,15 @@ class SizeResult:
             f" p99 {ms(self.p99_ms)};"
             f" {self.heartbeats} sent, {self.errors} errors;"
             f" {self.routine_share:.0%} routine at the API",
+            *(
+                [f"  telemetry at the client: p50 {ms(t[0])}, p99 {ms(t[1])}"]
+                if (t := self.telemetry_ms)
+                else []
+            ),
             *([f"  errors: {self.error_kinds}"] if self.error_kinds else []),
             f"  false stale/offline transitions: {self.false_transitions}",
             f"  CPU s per 1,000 nodes per minute: {cpu}; API RSS {self.api_rss_mib:.0f} MiB",
+            *([f"  API: {self.loop}"] if self.loop else []),
             *([self.storm.line()] if self.storm else []),
         ]
 
@@ -267,6 +276,8 @@ class Driven:
     errors: int
     # wrk: seconds of warm-up until the fleet settled (no transactional heartbeats).
     settle_s: float | None = None
+    # wrk: telemetry's latency at the client (it waits for its group commit).
+    telemetry_ms: tuple[float, float] | None = None
     # wrk: the errors by phase and kind.
     error_kinds: str = ""
     # wrk: starts the fleet's heartbeats and telemetry for a given time (the storm).
@@ -458,6 +469,7 @@ def drive_wrk(
         heartbeats=beat.requests,
         errors=beat.errors + telemetry.errors + sum(r.errors for r in warm_results),
         settle_s=settled_s,
+        telemetry_ms=(telemetry.p50_s * 1e3, telemetry.p99_s * 1e3),
         fleet_for=both,
         error_kinds="; ".join(
             f"{phase} {result.described()}"
@@ -577,6 +589,8 @@ def run_size(
         settle_s=driven.settle_s,
         error_kinds=driven.error_kinds,
         storm=storm,
+        telemetry_ms=driven.telemetry_ms,
+        loop=loop_figures.loop_line(metrics),
     )
 
 
