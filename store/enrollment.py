@@ -2,8 +2,8 @@
 
 The token's row lock makes it single-use; an ordinary token creates a new node with its
 streams, a recovery token (issued for a node, store/tokens.py) rebinds that node and
-revokes its old credentials. The credential is issued here (store/secrets.py) and only
-its digest is kept; the agent's later requests are admitted by store/node_credentials.py.
+revokes its old credentials. The node's credential is issued, and its later requests
+admitted, by store/node_credentials.py; only the credential's digest is kept.
 The API route (api/agent/routes.py) only calls `enroll`.
 """
 
@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.agent import EnrollRequest, EnrollResponse
 from schemas.errors import ErrorCode
 from schemas.events import EventType, NodeEnrolled, node_actor
-from schemas.protocol import ENROLLMENT_TOKEN_PREFIX, NODE_CREDENTIAL_PREFIX, StreamName
+from schemas.protocol import ENROLLMENT_TOKEN_PREFIX, StreamName
 from store import changes, node_credentials, nodes, secrets
 from store.errors import Conflict, Unauthenticated
-from store.models import EnrollmentToken, Node, NodeCredential, NodeStream
+from store.models import EnrollmentToken, Node, NodeStream
 from store.protocol_versions import require_supported
 
 STREAMS = tuple(StreamName)
@@ -106,8 +106,7 @@ async def enroll(
     )
     token.used_at = now
     token.used_by_node_id = node.id
-    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
-    session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
+    issued = node_credentials.issue(session, node.id)
     changes.record(
         session,
         EventType.NODE_ENROLLED,

@@ -1,6 +1,7 @@
 """A node's bearer credentials: admitting one inside the request's transaction, the
-credentials the API's node cache may hold, and ending or replacing them (an operator's
-revoke and rotate; enrollment's rebind and decommission revoke through `revoke_all`).
+credentials the API's node cache may hold, issuing one (`issue`: enrollment, rotation),
+and ending or replacing them (an operator's revoke and rotate; enrollment's rebind
+revokes through `revoke_all`).
 
 Admission reads the credential, its node and the database clock in one statement: a
 decommissioned node or a revoked credential is Unauthenticated (401), a disabled node
@@ -175,6 +176,14 @@ async def live_online(session: AsyncSession) -> tuple[list[LiveCredential], date
     return live, now
 
 
+def issue(session: AsyncSession, node_id: uuid.UUID) -> secrets.IssuedSecret:
+    """A new credential for the node (enrollment's first, or a rotation's): only its
+    digest is stored; the wire value is for the one answer that shows it."""
+    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
+    session.add(NodeCredential(id=issued.id, node_id=node_id, digest=issued.digest))
+    return issued
+
+
 async def revoke_all(
     session: AsyncSession, node_id: uuid.UUID, reason: str, at: datetime, *, actor: str
 ) -> list[uuid.UUID]:
@@ -211,8 +220,7 @@ async def rotate(session: AsyncSession, node_id: uuid.UUID) -> CredentialRotated
     revoked = await nodes.revoke_active_credentials(
         session, node.id, "rotated", await nodes.now(session)
     )
-    issued = secrets.issue(NODE_CREDENTIAL_PREFIX)
-    session.add(NodeCredential(id=issued.id, node_id=node.id, digest=issued.digest))
+    issued = issue(session, node.id)
     changes.record(
         session,
         EventType.NODE_CREDENTIAL_ROTATED,
