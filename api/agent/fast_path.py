@@ -13,7 +13,7 @@ answers the common case only:
 * a heartbeat from a node in the node cache that is routine (api/agent/heartbeat.py):
   noted in the group-commit buffer and answered;
 * a telemetry sample from a node in the node cache: the same rules as the documented
-  route (api/agent/ingest.py), group-committed with the other cached nodes' samples
+  route (store/ingest.py), group-committed with the other cached nodes' samples
   (api/telemetry_batch.py).
 
 Everything else (no cached node, no or a too large Content-Length, a body that does not
