@@ -1,5 +1,6 @@
 """Process health (`/healthz`), readiness of the whole pipeline (`/readyz`), and the
-process's Prometheus metrics (`/metrics`, api/metrics.py).
+Prometheus metrics (`/metrics`, api/metrics.py; under `--processes N`, those of every
+API process on the port, summed).
 
 `/healthz` says only that the process serves HTTP. `/readyz` says whether a change
 accepted now reaches its consumers: the database answers, NATS answers, and the outbox
@@ -36,7 +37,7 @@ CHECK_TIMEOUT_S = 2.0
 @router.get(METRICS, include_in_schema=False)
 async def metrics(state: State) -> Response:
     """Prometheus text format; not part of the API contract (no OpenAPI entry)."""
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(state.metrics.served), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(HEALTHZ)

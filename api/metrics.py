@@ -1,7 +1,23 @@
-"""Prometheus metrics of one API process, served at `/metrics`.
+"""Prometheus metrics of the API, served at `/metrics`.
 
 One registry per app (built in create_app, reached through ApiState): no module-level
 collectors, so two apps in one process (tests) never share counters.
+
+Under `modelforge api --processes N` a scrape reaches whichever process accepts the
+connection, so there `/metrics` serves every API process's metrics, summed:
+prometheus_client's multiprocess mode, the documented way for pre-fork servers. The
+supervisor (api/processes.py) gives its children, and only them, a private directory in
+PROMETHEUS_MULTIPROC_DIR; prometheus_client then keeps each value in a file of the
+process's own there (chosen at import, so the variable must be in the environment the
+process starts with), and `served` collects all the files: counters and histograms are
+summed over processes, and a process that died keeps its file, so a replaced process's
+counts stay in the sum and no counter goes backwards. A process without that variable
+(`--processes 1`, tests' in-process apps) serves its own registry, as before.
+
+A gauge added here must say how processes combine (`multiprocess_mode=`): a `live*`
+mode sums, or takes the extreme of, the running processes only (the supervisor retires
+a stopped child's gauges with `mark_process_dead`); `mostrecent` for a value every
+process sees alike. The default, `all`, would keep a series per pid, dead ones included.
 
 * requests by route template, method and status, and their latency;
 * heartbeats accepted, by path (routine or transactional), and group-committed ones;
@@ -15,23 +31,42 @@ concrete path, so labels stay bounded and no identifier reaches the metrics.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from schemas.agent import IngestResult
 from schemas.errors import ErrorCode
 from store.errors import Conflict
 
+# Read by prometheus_client at import; set by api/processes.py for its children.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def served_registry(own: CollectorRegistry) -> CollectorRegistry:
+    """What `/metrics` serves: this process's registry, or, in multiprocess mode, a
+    registry that collects every process's files (never `own`, whose metrics are in
+    those files already: registering both would export them twice)."""
+    directory = os.environ.get(MULTIPROCESS_DIR_ENV)
+    if directory is None:
+        return own
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
 
 
 @dataclass
 class ApiMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    served: CollectorRegistry = field(init=False)
 
     def __post_init__(self) -> None:
+        self.served = served_registry(self.registry)
         self.requests = Counter(
             "modelforge_http_requests",
             "HTTP requests answered, by route template, method and status",

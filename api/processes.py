@@ -11,17 +11,29 @@ them correct side by side: each keeps its own node cache and gateway cache (kept
 by LISTEN, so a revocation reaches every one of them), its own heartbeat buffer, and
 its own invoke relay subject (api/gateway/relay.py finds the process that holds a
 node's channel over NATS).
+
+Metrics are the exception, since a scrape reaches whichever child accepts it: this
+process makes a private directory (mode 0700, removed when it stops) and names it in the
+children's environment only, so each child writes its metrics there and `/metrics` on
+the port sums them over every child, the dead and replaced ones included
+(api/metrics.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from prometheus_client.multiprocess import mark_process_dead
 
 from agent.supervisor import ChildProcess, RestartPolicy, Supervisor, run_children, stop_event
+from api.metrics import MULTIPROCESS_DIR_ENV
 
 logger = logging.getLogger("modelforge.api.processes")
 
@@ -58,6 +70,36 @@ def inherited_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=fd)
 
 
+class ApiProcess(ChildProcess):
+    """A child that writes its metrics into `metrics_dir`; once stopped (before each
+    restart, and at the end) its live gauges leave the sum, as in gunicorn's child_exit
+    hook (its counters and histograms stay: they are what it counted)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        metrics_dir: str,
+        *,
+        pass_fds: Sequence[int],
+    ) -> None:
+        # Tied to this process: killed, it must not leave API processes behind.
+        super().__init__(
+            argv,
+            {**env, MULTIPROCESS_DIR_ENV: metrics_dir},
+            stop_timeout_s=CHILD_STOP_TIMEOUT_S,
+            parent_death_signal=signal.SIGTERM,
+            pass_fds=pass_fds,
+        )
+        self._metrics_dir = metrics_dir
+
+    def stop(self) -> None:
+        pid = self.pid
+        super().stop()
+        if pid is not None:
+            mark_process_dead(pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+
+
 def supervise(host: str, port: int, processes: int, *, startup_failure: int) -> int:
     """Run `processes` API processes on one listening socket; restart any that dies
     (with backoff); stop them all on SIGINT/SIGTERM, or when one crash-loops."""
@@ -68,23 +110,21 @@ def supervise(host: str, port: int, processes: int, *, startup_failure: int) -> 
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return startup_failure
     fd = sock.fileno()
-    supervisor = Supervisor(RestartPolicy(), say=logger.warning)
-    children: list[ChildProcess] = []
-    argv = [sys.executable, "-m", "cli.main", "api", "--processes", "1", LISTEN_FD_FLAG]
-    for index in range(processes):
-        # Tied to this process: killed, it must not leave API processes behind.
-        child = ChildProcess(
-            [*argv, str(fd)],
-            os.environ,
-            stop_timeout_s=CHILD_STOP_TIMEOUT_S,
-            parent_death_signal=signal.SIGTERM,
-            pass_fds=(fd,),
-        )
-        child.start()
-        children.append(child)
-        supervisor.add(f"api process {index}", child)
-    logger.info("serving on %s:%d with %d API processes", host, port, processes)
-    status = run_children(supervisor, children, stop, "API process")
-    # Closed once the last child has: until then they hold their copies anyway.
-    sock.close()
+    # Fresh and private each run, as multiprocess mode requires (no other run's files).
+    metrics_dir = tempfile.mkdtemp(prefix="modelforge-api-metrics-")
+    try:
+        supervisor = Supervisor(RestartPolicy(), say=logger.warning)
+        children: list[ChildProcess] = []
+        argv = [sys.executable, "-m", "cli.main", "api", "--processes", "1", LISTEN_FD_FLAG]
+        for index in range(processes):
+            child = ApiProcess([*argv, str(fd)], os.environ, metrics_dir, pass_fds=(fd,))
+            child.start()
+            children.append(child)
+            supervisor.add(f"api process {index}", child)
+        logger.info("serving on %s:%d with %d API processes", host, port, processes)
+        status = run_children(supervisor, children, stop, "API process")
+    finally:
+        # Closed once the last child has: until then they hold their copies anyway.
+        sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return status

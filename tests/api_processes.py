@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.processes import start_process, stop_process
 from schemas.protocol import ENROLL, HEARTBEAT, NODES, TOKENS
@@ -85,6 +86,18 @@ def metric(client: httpx.Client, sample: str) -> float:
     return 0.0
 
 
+def samples(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of this API's /metrics by name and labels, whatever their order (a
+    `--processes N` port writes them sorted, a single process as declared)."""
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
 def routine_heartbeats(client: httpx.Client) -> float:
     """Heartbeats this API answered from its node cache."""
     return metric(client, 'modelforge_heartbeats_total{path="routine"}')
@@ -99,7 +112,9 @@ def heartbeats_answered(client: httpx.Client) -> float:
 
 def answered_from_cache(client: httpx.Client, node: EnrolledNode) -> None:
     """Heartbeat until this API answers the node from its node cache (a routine
-    heartbeat): its LISTEN connection is up and the node's entry is stored."""
+    heartbeat): its LISTEN connection is up and the node's entry is stored. On a
+    `--processes N` port the count is the sum over its processes, so the client's
+    connection says which one answered: nothing else may send heartbeats meanwhile."""
     before = routine_heartbeats(client)
 
     def routine() -> bool:
