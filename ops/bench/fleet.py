@@ -613,7 +613,7 @@ def main() -> int:
         "--api-processes",
         type=int,
         default=1,
-        help="`modelforge api --processes` (default 1; /metrics figures are then one process's)",
+        help="`modelforge api --processes` (default 1; /metrics sums the processes)",
     )
     parser.add_argument("--concurrency", type=int, default=64, help="per simulator")
     parser.add_argument(
