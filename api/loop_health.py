@@ -23,6 +23,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from api.background import background
+
 PERIOD_S = 0.1
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -66,11 +68,8 @@ class LoopHealth:
 async def loop_health(registry: CollectorRegistry) -> AsyncIterator[LoopHealth]:
     health = LoopHealth(registry)
     gc.callbacks.append(health.on_gc)
-    task = asyncio.create_task(health.watch(), name="loop-health")
     try:
-        yield health
+        async with background(health.watch(), "loop-health"):
+            yield health
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         gc.callbacks.remove(health.on_gc)

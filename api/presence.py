@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.background import background
 from store.fleet import beat
 
 logger = logging.getLogger("modelforge.api.presence")
@@ -81,10 +82,5 @@ async def presence_beat(
     """merge_within_s: an outage that begins this soon after the last one ended is
     recorded as one with it (store/fleet.py: beat)."""
     beats = _beat_forever(sessions, period_s, gap_s, merge_within_s, listener)
-    task = asyncio.create_task(beats, name="presence")
-    try:
+    async with background(beats, "presence"):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.background import background
 from api.metrics import ApiMetrics
 from schemas.agent import IngestResult, TelemetryReport
 from store.ingest import Sample, ingest_telemetry_batch
@@ -103,10 +104,5 @@ async def telemetry_batcher(
 ) -> AsyncIterator[TelemetryBatcher]:
     """The batcher and its writer task, for the lifespan of the API process."""
     batcher = TelemetryBatcher(sessions, future_skew_limit_s, metrics)
-    task = asyncio.create_task(batcher.run(), name="telemetry-batches")
-    try:
+    async with background(batcher.run(), "telemetry-batches"):
         yield batcher
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -116,7 +116,6 @@ class FleetEndpoint:
         self.route = route
         self.method = method
         self.max_body_bytes = max_body_bytes
-        self.metrics = metrics
         # Resolved once: a labelled child per request is a dictionary lookup under a lock.
         self._answered = metrics.fast_path.labels(route, "answered")
         self._declined = metrics.fast_path.labels(route, "declined")
