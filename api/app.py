@@ -12,11 +12,13 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.admin.events import event_fanout
 from api.admin.routes import router as admin_router
 from api.agent.auth import warm
 from api.agent.fast_path import FleetApp
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
+from api.docs import install_docs
 from api.gateway.cache import database_routes, gateway_cache
 from api.gateway.limits import ClientLimits
 from api.gateway.relay import invoke_relay
@@ -87,6 +89,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     routes_max_age_s=settings.gateway_routes_max_age_s,
                 ) as gateway,
                 notification_hub(settings.nats_url) as notifications,
+                event_fanout(settings.nats_url) as events,
                 invoke_relay(
                     settings.nats_url, delivery_timeout_s=settings.gateway_delivery_timeout_s
                 ) as invokes,
@@ -117,6 +120,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
                     telemetry=telemetry,
+                    events=events,
                 )
                 warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))
                 # Serving starts after the lifespan's startup; with --processes the
@@ -139,7 +143,10 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
         title="ModelForge control plane",
         version="1",
         lifespan=lifespan,
-        docs_url="/docs",
+        # FastAPI's own pages load their assets from a CDN: ours are served from the
+        # package (api/docs.py), so /docs works on an offline host.
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     install_exception_handlers(app)
@@ -157,4 +164,6 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(agent_router)
     app.include_router(health_router)
     app.include_router(admin_router)
+    # Last: an operator's page is never matched ahead of a fleet route.
+    install_docs(app)
     return app

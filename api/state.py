@@ -23,6 +23,7 @@ from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 
 if TYPE_CHECKING:  # it reads service clients (api/gateway/auth.py), which reach this state
+    from api.admin.events import EventFanout  # its route reaches this state
     from api.gateway.cache import GatewayCache
     from api.telemetry_batch import TelemetryBatcher
 
@@ -43,6 +44,8 @@ class ApiState:
     client_limits: ClientLimits
     gateway_cache: GatewayCache
     telemetry: TelemetryBatcher
+    # The operators' event stream (api/admin/events.py).
+    events: EventFanout
 
     @property
     def leases(self) -> LeasePolicy:

@@ -56,6 +56,12 @@ RUNTIME_PROFILES: Final = f"{ADMIN_PREFIX}/runtime/profiles"
 RUNTIME_ENVIRONMENTS: Final = f"{ADMIN_PREFIX}/runtime/environments"
 RUNTIME_JOBS: Final = f"{ADMIN_PREFIX}/runtime/probes"
 RUNTIME_EVIDENCE: Final = f"{ADMIN_PREFIX}/runtime/evidence"
+# Server-sent events for operators (api/admin/events.py): one message per CloudEvent as
+# the relay publishes it (`id:` its id, `event:` its CloudEvent type, `data:` its JSON),
+# filtered by `node_id=` and a `type=` prefix; live only, no replay. A viewer too slow to
+# keep up gets a last `event: overflow` and the stream ends.
+ADMIN_EVENTS: Final = f"{ADMIN_PREFIX}/events"
+ADMIN_EVENTS_OVERFLOW: Final = "overflow"
 
 HEALTHZ: Final = "/healthz"
 READYZ: Final = "/readyz"

@@ -18,6 +18,7 @@ from api.admin import (
     artifact_jobs,
     dead_letters,
     deployments,
+    events,
     fleet,
     nodes,
     runtime,
@@ -210,3 +211,4 @@ router.include_router(artifact_jobs.router)
 router.include_router(runtime.router)
 router.include_router(deployments.router)
 router.include_router(service_clients.router)
+router.include_router(events.router)

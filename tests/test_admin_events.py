@@ -1,0 +1,181 @@
+"""The operators' event stream (GET ADMIN_EVENTS): an admin action reaches an open
+stream over the real relay and NATS, its filters hold, it needs the operator key, and a
+viewer that falls behind is dropped with `event: overflow` without holding up another."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from api.admin.events import EventFanout, EventFilter
+from schemas.events import CloudEvent, EventType
+from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW
+from tests.admin_helpers import patch_node, refused
+from tests.api_server import RunningApi
+from tests.flows import TOKENS, enroll
+
+# An event is published by the relay within its poll interval (0.5 s in tests) of the
+# commit; this bounds the whole trip with room for a loaded machine.
+ARRIVAL_S = 15.0
+
+
+@dataclass
+class Stream:
+    events: asyncio.Queue[tuple[str, str, dict[str, Any]]] = field(default_factory=asyncio.Queue)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def next(self, timeout_s: float = ARRIVAL_S) -> tuple[str, str, dict[str, Any]]:
+        return await asyncio.wait_for(self.events.get(), timeout_s)
+
+    async def until(self, action: str) -> CloudEvent:
+        """The next event with this action, skipping the others."""
+        while True:
+            _, _, data = await self.next()
+            if data.get("action") == action:
+                return CloudEvent.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def watching(api: RunningApi, **params: str) -> AsyncIterator[Stream]:
+    """An open admin event stream; entered once the API says it is subscribed."""
+    held = Stream()
+
+    async def hold() -> None:
+        timeout = httpx.Timeout(10.0, read=60.0)
+        async with (
+            httpx.AsyncClient(base_url=api.base_url, timeout=timeout) as client,
+            client.stream("GET", ADMIN_EVENTS, params=params, headers=api.admin_headers) as got,
+        ):
+            assert got.status_code == 200
+            assert got.headers["content-type"].startswith("text/event-stream")
+            fields: dict[str, str] = {}
+            async for line in got.aiter_lines():
+                if line == ": connected":
+                    held.opened.set()
+                elif line == "":
+                    if "event" in fields:
+                        data = json.loads(fields.get("data", "{}"))
+                        await held.events.put((fields.get("id", ""), fields["event"], data))
+                    fields = {}
+                elif not line.startswith(":"):
+                    name, _, value = line.partition(": ")
+                    fields[name] = value
+
+    task = asyncio.create_task(hold())
+    opened = asyncio.create_task(held.opened.wait())
+    await asyncio.wait({task, opened}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # the reader's failure, as it is
+    assert held.opened.is_set(), "the event stream did not open"
+    try:
+        yield held
+    finally:
+        opened.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_admin_action_arrives_on_the_stream(api: RunningApi) -> None:
+    async with watching(api) as stream:
+        with api.client() as client:
+            created = client.post(TOKENS, json={"note": "watched"}, headers=api.admin_headers)
+        assert created.status_code == 201, created.text
+        token_id = created.json()["token"]["id"]
+        event_id, event_type, data = await stream.next()
+        assert event_type == EventType.TOKEN_CREATED.cloudevent_type
+        event = CloudEvent.model_validate(data)
+        assert str(event.id) == event_id
+        assert event.action == EventType.TOKEN_CREATED.value
+        assert event.targetid == token_id
+        # The same request's correlation id names the cause.
+        assert event.correlationid == created.headers["X-Correlation-ID"]
+
+
+async def test_filters_by_node_and_type(api: RunningApi) -> None:
+    with api.client() as client:
+        mine = enroll(client, api, "watched-node")
+        other = enroll(client, api, "other-node")
+        async with (
+            watching(api, node_id=mine.node_id) as by_node,
+            watching(api, type="node.disabled") as by_type,
+            watching(api, type=EventType.NODE_ENABLED.cloudevent_type) as by_cloud_type,
+        ):
+            for node in (other, mine):
+                assert patch_node(client, api, node.node_id, enabled=False).status_code == 200
+            assert patch_node(client, api, mine.node_id, enabled=True).status_code == 200
+            # The node filter: only this node's events, in order.
+            disabled = await by_node.until(EventType.NODE_DISABLED.value)
+            assert str(disabled.nodeid) == mine.node_id
+            enabled = await by_node.until(EventType.NODE_ENABLED.value)
+            assert str(enabled.nodeid) == mine.node_id
+            # The type filter: both disables, in commit order, and nothing else.
+            seen = [CloudEvent.model_validate((await by_type.next())[2]) for _ in range(2)]
+            assert [str(e.nodeid) for e in seen] == [other.node_id, mine.node_id]
+            assert {e.action for e in seen} == {EventType.NODE_DISABLED.value}
+            _, event_type, _ = await by_cloud_type.next()
+            assert event_type == EventType.NODE_ENABLED.cloudevent_type
+            # What the filters keep out has had time to arrive: the enable came after.
+            assert by_type.events.empty()
+            while not by_node.events.empty():
+                assert str((await by_node.next())[2]["nodeid"]) == mine.node_id
+
+
+def test_the_stream_needs_the_operator_key(api: RunningApi) -> None:
+    with api.client() as client:
+        refused(client.get(ADMIN_EVENTS), 401, "admin_token_missing")
+        wrong = {"X-ModelForge-Admin-Token": "not-the-key"}
+        refused(client.get(ADMIN_EVENTS, headers=wrong), 401, "admin_token_invalid")
+        bad = client.get(ADMIN_EVENTS, params={"node_id": "x"}, headers=api.admin_headers)
+        refused(bad, 422, "validation_failed")
+
+
+def envelope(action: str, node_id: uuid.UUID | None = None) -> bytes:
+    return json.dumps(
+        {
+            "id": str(uuid.uuid4()),
+            "type": f"io.modelforge.{action}.v1",
+            "action": action,
+            "nodeid": str(node_id) if node_id else None,
+        },
+        indent=1,  # across lines: the stream must put it on one
+    ).encode()
+
+
+@pytest.mark.fast
+async def test_a_slow_viewer_is_dropped_without_holding_up_another() -> None:
+    # A closed port: the fan-out is driven by hand here, its subscription never forms.
+    fanout = EventFanout("nats://127.0.0.1:9", queue_limit=3)
+    try:
+        node = uuid.uuid4()
+        with (
+            fanout.viewer(EventFilter()) as slow,
+            fanout.viewer(EventFilter(node_id=node)) as picky,
+        ):
+            for _ in range(5):
+                fanout.deliver(envelope("token.created"))
+            fanout.deliver(envelope("node.disabled", node))
+            fanout.deliver(b"not json")
+            # The slow one: its three, then the overflow mark, and nothing more.
+            queued = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+            assert len(queued) == 4 and queued[-1] is None
+            assert all(m is not None and "\ndata: {" in m for m in queued[:3])
+            assert fanout.dropped == 1 and fanout.viewers == 1
+            # The other saw its event, on one data line.
+            message = picky.queue.get_nowait()
+            assert message is not None
+            assert "event: io.modelforge.node.disabled.v1\n" in message
+            data = message.split("data: ", 1)[1].removesuffix("\n\n")
+            assert "\n" not in data and json.loads(data)["nodeid"] == str(node)
+        assert fanout.viewers == 0
+        assert ADMIN_EVENTS_OVERFLOW == "overflow"
+    finally:
+        await fanout.close()
