@@ -32,6 +32,7 @@ from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds, presence_gap
 from workers.actors import Actors, declare_actors
 from workers.database import database_resource
+from workers.fleet_metrics import FleetGauges, FleetMetricsMiddleware
 from workers.metrics import PipelineMetrics
 from workers.pipeline import PipelineSettings
 from workers.services import PipelineMiddleware
@@ -67,6 +68,9 @@ def run_worker_process(
     )
     if pipeline.relay or pipeline.consumers:
         broker.add_middleware(PipelineMiddleware(database, pipeline, PipelineMetrics(registry)))
+    if settings.metrics_port:
+        # Fleet state for alerting (ops/alerts/): only worth reading where it is served.
+        broker.add_middleware(FleetMetricsMiddleware(database, FleetGauges(registry)))
     thresholds = LivenessThresholds(
         settings.stale_after_s,
         settings.offline_after_s,
