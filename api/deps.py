@@ -4,6 +4,12 @@ Transactions are ``scope="function"`` dependencies so they commit *before* the
 response is sent: a client never sees success for a change that did not commit.
 Authentication is a dependency so it runs before the body is validated: an
 unauthenticated caller gets 401, not a description of our schema.
+
+The headers are read through FastAPI security schemes (`OPERATOR_KEY`, `NODE_BEARER`,
+and the gateway's `SERVICE_CLIENT_BEARER`, api/gateway/auth.py), so that every operation
+that authenticates names its scheme in the OpenAPI document and /docs can Authorize.
+They never refuse by themselves (`auto_error` off, the raw header handed on): the
+refusals and their codes stay ours, below and in api/agent/auth.py.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Request, Security
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security import APIKeyHeader
+from fastapi.security.base import SecurityBase
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.agent.auth import admit_cached, authenticate_node, presented_credential
@@ -22,11 +31,40 @@ from api.errors import Forbidden, Unauthenticated
 from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from schemas.errors import ErrorCode
-from schemas.protocol import ADMIN_HEADER
+from schemas.protocol import ADMIN_HEADER, NODE_CREDENTIAL_PREFIX
 from store import nodes, secrets, service_clients
 from store.node_credentials import AuthenticatedNode
 
 State = Annotated[ApiState, Depends(get_state)]
+
+
+class BearerHeader(SecurityBase):
+    """An `Authorization: Bearer` scheme in the OpenAPI document that hands the header on
+    exactly as sent. FastAPI's HTTPBearer answers None for both a missing and a
+    malformed header; our refusals tell those apart (credential_missing,
+    credential_malformed), so the parsing stays with the callers."""
+
+    def __init__(self, scheme_name: str, description: str) -> None:
+        self.model = HTTPBearerModel(description=description)
+        self.scheme_name = scheme_name
+
+    async def __call__(self, request: Request) -> str | None:
+        return request.headers.get("Authorization")
+
+
+OPERATOR_KEY = APIKeyHeader(
+    name=ADMIN_HEADER,
+    scheme_name="operatorKey",
+    description="The operator key (MODELFORGE_OPERATOR_API_KEY); every admin route.",
+    auto_error=False,
+)
+NODE_BEARER = BearerHeader(
+    "nodeBearer",
+    f"A node credential ({NODE_CREDENTIAL_PREFIX}.<id>.<secret>, issued at enrollment); "
+    "the agent routes.",
+)
+# The Authorization header of a node's request, as sent (None when absent).
+NodeAuthorization = Annotated[str | None, Security(NODE_BEARER)]
 
 
 @contextlib.asynccontextmanager
@@ -73,7 +111,7 @@ async def node_outside_transaction(state: ApiState, authorization: str | None) -
 
 
 async def _node_transaction(
-    state: State, authorization: Annotated[str | None, Header()] = None
+    state: State, authorization: NodeAuthorization
 ) -> AsyncIterator[NodeRequest]:
     # A node in the node cache is admitted without the credential read and the node
     # lock: its stream row lock orders its samples, and a revocation, disable or
@@ -89,7 +127,7 @@ async def _node_transaction(
 
 
 async def _heartbeat_call(
-    state: State, authorization: Annotated[str | None, Header()] = None
+    state: State, authorization: NodeAuthorization
 ) -> AsyncIterator[HeartbeatCall]:
     # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
     # no node lock up front, taken only when there is an event to emit.
@@ -104,7 +142,7 @@ async def _heartbeat_call(
 
 async def require_operator(
     state: State,
-    x_modelforge_admin_token: Annotated[str | None, Header(alias=ADMIN_HEADER)] = None,
+    x_modelforge_admin_token: Annotated[str | None, Security(OPERATOR_KEY)],
 ) -> None:
     key = state.settings.operator_api_key
     if key is None or not key.get_secret_value():

@@ -19,16 +19,24 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Security
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.deps import State
+from api.deps import BearerHeader, State
 from api.errors import Unauthenticated
 from api.state import ApiState
 from schemas.errors import ErrorCode
 from schemas.protocol import SERVICE_CLIENT_PREFIX
 from store import secrets, service_clients
 from store.deployment_tables import ServiceClient
+
+# The gateway's scheme in the OpenAPI document (Authorize in /docs): the header as sent,
+# refused here, never by the scheme (api/deps.py: BearerHeader).
+SERVICE_CLIENT_BEARER = BearerHeader(
+    "serviceClientBearer",
+    f"A service client's secret ({SERVICE_CLIENT_PREFIX}.<client id>.<secret>, shown once "
+    "when an operator creates or rotates the client); the gateway routes.",
+)
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,7 @@ async def client_scope(state: ApiState, authorization: str | None) -> ClientScop
 
 
 async def _client_scope(
-    state: State, authorization: Annotated[str | None, Header()] = None
+    state: State, authorization: Annotated[str | None, Security(SERVICE_CLIENT_BEARER)]
 ) -> ClientScope:
     return await client_scope(state, authorization)
 
