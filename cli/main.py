@@ -155,6 +155,24 @@ def _runtime(args: argparse.Namespace) -> int:
     return run_runtime(args)
 
 
+def _admin(args: argparse.Namespace) -> int:
+    # Reached only for `modelforge admin` with nothing after it: main() hands everything
+    # else to the admin CLI before argparse parses (its own parser, typer, reads it).
+    return _run_admin(["--help"])
+
+
+def _run_admin(argv: Sequence[str]) -> int:
+    try:
+        from cli.admin.app import run
+    except ImportError as exc:
+        print(
+            f"modelforge admin: needs the admin extra: pip install 'modelforge[admin]' ({exc})",
+            file=sys.stderr,
+        )
+        return 2
+    return run(argv)
+
+
 def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     agent = add("agent", _agent, "run the node agent (outbound HTTPS only)")
     agent.add_argument("--config", type=Path, help="YAML config (the tracked base)")
@@ -228,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     worker.add_argument("--threads", type=int, default=4, help="threads per process (default 4)")
     _add_agent_commands(add)
+    add("admin", _admin, "operate the control plane: nodes, tokens, jobs, ... (`admin --help`)")
     schemas = commands.add_parser("schemas", help="wire model tools")
     schema_commands = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schema_commands.add_parser("export", help="write JSON Schema for every wire model")
@@ -275,7 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cli.errors import unreachable
     from schemas.stack import StackFileError
 
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["admin"]:
+        return _run_admin(arguments[1:])
+    args = build_parser().parse_args(arguments)
     handler: Callable[[argparse.Namespace], int] = args.handler
     prefix = f"modelforge {args.command}"
     try:

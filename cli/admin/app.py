@@ -1,0 +1,85 @@
+"""The root of `modelforge admin`: the command tree (one module per area), the target
+built once, and every failure said in one line with the exit status to match.
+
+`modelforge admin …` arrives here from cli/main.py with the rest of its argv, so typer
+(on click) parses it and argparse never sees it. Exit statuses: 0 done, 1 refused or
+failed (the API's code and correlation id on stderr), 2 a usage mistake, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from cli.admin import audit, dead_letters, deployments, fleet, jobs, nodes, runtime, tokens
+from cli.admin.client import AdminFailure
+from cli.admin.context import Admin
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="modelforge admin",
+        help=(
+            "Operate the control plane. The API comes from --api-url, MODELFORGE_API_URL or "
+            "the running `modelforge up`; the operator key from MODELFORGE_OPERATOR_API_KEY "
+            "or the file `up` keeps it in (never from the command line)."
+        ),
+        no_args_is_help=True,
+        # Our failures are one line (run below); a traceback is never an operator's answer.
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+    @app.callback()
+    def root(
+        ctx: typer.Context,
+        api_url: Annotated[
+            str | None, typer.Option(help="the control plane, e.g. https://cp.internal:8443")
+        ] = None,
+    ) -> None:
+        ctx.obj = Admin(api_url)
+
+    app.add_typer(nodes.app, name="nodes")
+    app.add_typer(tokens.app, name="tokens")
+    app.add_typer(jobs.app, name="jobs")
+    app.add_typer(runtime.app, name="runtime")
+    app.add_typer(deployments.app, name="deployments")
+    app.add_typer(deployments.clients, name="service-clients")
+    app.add_typer(fleet.app, name="fleet")
+    app.add_typer(dead_letters.app, name="dead-letters")
+    app.command("audit")(audit.audit)
+    return app
+
+
+def run(argv: Sequence[str]) -> int:
+    command = typer.main.get_command(build_app())
+    try:
+        result = command.main(args=list(argv), prog_name="modelforge admin", standalone_mode=False)
+    except AdminFailure as exc:
+        print(exc.line(), file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except typer.TyperException as exc:
+        # typer's own (vendored click) usage errors: their message and the usage line.
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        code = getattr(exc, "exit_code", 2)
+        return code if isinstance(code, int) else 2
+    except ValidationError as exc:
+        # A body checked before it was sent (the API would refuse it the same way).
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or exc.title
+        print(f"error: invalid input: {where}: {first['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return result if isinstance(result, int) else 0

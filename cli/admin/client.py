@@ -1,0 +1,214 @@
+"""The one HTTP client of `modelforge admin`: where the API is, the operator key, and the
+error contract turned into one line.
+
+The admin CLI talks to the control plane over HTTP only, like any operator tool would:
+it imports the wire models (schemas/) to read the answers, never the server's code.
+The operator key is read from the environment or from the file `modelforge up` names in
+its stack file, never from the command line, where it would sit in the shell history
+and in every process listing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from schemas.errors import ErrorBody
+from schemas.protocol import ADMIN_EVENTS, ADMIN_HEADER, CORRELATION_HEADER
+from schemas.stack import StackFileError, operator_key_from, read_stack_info
+
+KEY_ENV: Final = "MODELFORGE_OPERATOR_API_KEY"
+URL_ENV: Final = "MODELFORGE_API_URL"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class AdminFailure(Exception):
+    """What the command prints as its one line, and its exit status."""
+
+    exit_code = 1
+
+    def line(self) -> str:
+        return f"error: {self}"
+
+
+class Refused(AdminFailure):
+    """The API answered with the error contract's body."""
+
+    def __init__(self, status: int, code: str, message: str, correlation_id: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.correlation_id = correlation_id
+
+    def line(self) -> str:
+        return f"error: {self.code}: {self} (correlation id {self.correlation_id})"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the API is and how to prove we are the operator; built once in the root
+    command from the environment and the stack file."""
+
+    api_url: str
+    operator_key: str
+    timeout_s: float = 30.0
+
+
+def resolve_target(api_url: str | None, env: Mapping[str, str] = os.environ) -> Target:
+    """The explicit --api-url, then MODELFORGE_API_URL, then the running `up`; the key
+    from MODELFORGE_OPERATOR_API_KEY, then the file the running `up` keeps it in."""
+    url = api_url or env.get(URL_ENV)
+    key = env.get(KEY_ENV)
+    if url is None or not key:
+        try:
+            info = read_stack_info()
+            url = url or info.api_url
+            key = key or operator_key_from(info)
+        except StackFileError as exc:
+            raise AdminFailure(
+                f"{exc}; or set {URL_ENV} and {KEY_ENV} for another control plane"
+            ) from None
+    if not key:
+        raise AdminFailure(f"the operator key is empty; set {KEY_ENV}")
+    return Target(url.rstrip("/"), key)
+
+
+class AdminClient:
+    """Admin calls over one pooled connection; every answer parsed into its wire model."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._http = httpx.Client(
+            base_url=target.api_url,
+            headers={ADMIN_HEADER: target.operator_key},
+            timeout=target.timeout_s,
+            # An operator's HTTPS_PROXY is for the internet, not for the control plane
+            # beside it; MODELFORGE_API_URL names it directly.
+            trust_env=False,
+        )
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
+        content = None
+        if isinstance(body, BaseModel):
+            content = body.model_dump_json(exclude_unset=True)
+        elif body is not None:
+            content = json.dumps(body)
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            response = self._http.request(
+                method, path, content=content, params=_query(params), headers=headers
+            )
+        except httpx.TransportError as exc:
+            raise AdminFailure(
+                f"cannot reach the API at {self.target.api_url} ({type(exc).__name__})"
+            ) from None
+        if response.is_error:
+            raise refusal(response)
+        return response
+
+    def call(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> M:
+        response = self.request(method, path, body=body, params=params)
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError:
+            raise AdminFailure(
+                f"the API's answer to {method} {path} is not a {model.__name__} "
+                f"(a different version?; correlation id "
+                f"{response.headers.get(CORRELATION_HEADER, '-')})"
+            ) from None
+
+    def get(self, model: type[M], path: str, **params: Any) -> M:
+        return self.call(model, "GET", path, params=params)
+
+    def post(
+        self, model: type[M], path: str, body: BaseModel | Mapping[str, Any] | None = None
+    ) -> M:
+        return self.call(model, "POST", path, body=body if body is not None else {})
+
+    def events(self, **params: Any) -> Iterator[tuple[str, str]]:
+        """The admin event stream: ("", "") once it is subscribed, then (event, data)
+        for each message until the API ends it."""
+        timeout = httpx.Timeout(self.target.timeout_s, read=None)
+        try:
+            with self._http.stream(
+                "GET", ADMIN_EVENTS, params=_query(params), timeout=timeout
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise refusal(response)
+                yield from _sse(response.iter_lines())
+        except httpx.TransportError as exc:
+            raise AdminFailure(
+                f"the event stream from {self.target.api_url} broke ({type(exc).__name__})"
+            ) from None
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line == ": connected":
+            yield "", ""
+        elif line == "":
+            if "event" in fields:
+                yield fields["event"], fields.get("data", "")
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+def _query(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Unset options are left out rather than sent empty."""
+    if params is None:
+        return None
+    return {
+        k: (str(v) if not isinstance(v, list) else v)
+        for k, v in params.items()
+        if v is not None and v != []
+    }
+
+
+def refusal(response: httpx.Response) -> AdminFailure:
+    """The error contract's body as one line; anything else (a proxy's page) as its status."""
+    correlation = response.headers.get(CORRELATION_HEADER, "-")
+    try:
+        body = ErrorBody.model_validate_json(response.content)
+    except ValidationError:
+        pass
+    else:
+        return Refused(response.status_code, body.code.value, body.message, body.correlation_id)
+    # A newer API's code this CLI does not know yet still reads as itself.
+    try:
+        loose = json.loads(response.content)
+        code, message = str(loose["code"]), str(loose["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"http_{response.status_code}", response.reason_phrase
+    return Refused(response.status_code, code, message, correlation)

@@ -1,0 +1,193 @@
+"""`modelforge admin deployments …` and `modelforge admin service-clients …`: what the
+gateway serves, and who may call it."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.admin.bodies import read_body
+from cli.admin.context import JsonOption, admin, output
+from cli.admin.output import Column
+from cli.admin.runtime import JOB_COLUMNS
+from schemas.deployments import (
+    DeploymentCreate,
+    DeploymentDrain,
+    DeploymentJobList,
+    DeploymentList,
+    DeploymentState,
+    DeploymentView,
+)
+from schemas.protocol import DEPLOYMENTS, SERVICE_CLIENTS
+from schemas.service_clients import (
+    ServiceClientCreate,
+    ServiceClientCreated,
+    ServiceClientList,
+    ServiceClientView,
+)
+
+app = typer.Typer(help="deployments: create, list, get, jobs, drain, unload")
+clients = typer.Typer(help="service clients of the gateway: create, list, get, rotate, revoke")
+
+DeploymentArg = Annotated[uuid.UUID, typer.Argument(help="the deployment's id")]
+ClientArg = Annotated[uuid.UUID, typer.Argument(help="the service client's id")]
+
+DEPLOYMENT_COLUMNS: list[Column[DeploymentView]] = [
+    Column("ID", lambda d: d.id),
+    Column("MODEL", lambda d: d.model),
+    Column("ROLES", lambda d: d.roles),
+    Column("NODE", lambda d: d.node_id),
+    Column("DEVICE", lambda d: d.device_id),
+    Column("STATE", lambda d: d.state, styled=True),
+    Column("MAX", lambda d: d.max_concurrent),
+    Column("FAILURE", lambda d: d.failure.code if d.failure else None),
+]
+CLIENT_COLUMNS: list[Column[ServiceClientView]] = [
+    Column("ID", lambda c: c.id),
+    Column("NAME", lambda c: c.name),
+    Column("STATE", lambda c: c.state, styled=True),
+    Column("MODELS", lambda c: c.models),
+    Column("ROLES", lambda c: c.roles),
+    Column("MAX", lambda c: c.max_concurrent),
+    Column("RATE/MIN", lambda c: c.rate_per_minute),
+    Column("CREATED", lambda c: c.created_at),
+]
+
+
+@app.command("list")
+def list_deployments(
+    ctx: typer.Context,
+    node: Annotated[uuid.UUID | None, typer.Option()] = None,
+    state: Annotated[list[DeploymentState] | None, typer.Option(help="repeatable")] = None,
+    json: JsonOption = False,
+) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        found = client.get(
+            DeploymentList, DEPLOYMENTS, node_id=node, state=[s.value for s in state or []]
+        )
+    out.table(found, found.items, DEPLOYMENT_COLUMNS)
+
+
+@app.command("get")
+def get_deployment(ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.get(DeploymentView, f"{DEPLOYMENTS}/{deployment}")
+    out.detail(view, view.model_dump().items())
+
+
+@app.command("create")
+def create_deployment(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Option("--file", "-f", help="the request body (JSON)")],
+    json: JsonOption = False,
+) -> None:
+    out = output(json)
+    body = read_body(file, DeploymentCreate)
+    with admin(ctx).client() as client:
+        view = client.call(DeploymentView, "POST", DEPLOYMENTS, body=body)
+    out.table(view, [view], DEPLOYMENT_COLUMNS)
+
+
+@app.command("jobs")
+def deployment_jobs(
+    ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False
+) -> None:
+    """The deployment's lifecycle jobs (load, health, drain, unload)."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        found = client.get(DeploymentJobList, f"{DEPLOYMENTS}/{deployment}/jobs")
+    out.table(found, found.items, JOB_COLUMNS)
+
+
+@app.command("drain")
+def drain(
+    ctx: typer.Context,
+    deployment: DeploymentArg,
+    deadline: Annotated[float, typer.Option(help="seconds in-flight invokes get")] = 60.0,
+    json: JsonOption = False,
+) -> None:
+    """No new invokes; those in flight get --deadline; then the model is unloaded."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.post(
+            DeploymentView,
+            f"{DEPLOYMENTS}/{deployment}/drain",
+            DeploymentDrain(deadline_s=deadline),
+        )
+    out.table(view, [view], DEPLOYMENT_COLUMNS)
+
+
+@app.command("unload")
+def unload(ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False) -> None:
+    """A drain with no deadline: in-flight invokes are cut at once."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.post(DeploymentView, f"{DEPLOYMENTS}/{deployment}/unload")
+    out.table(view, [view], DEPLOYMENT_COLUMNS)
+
+
+def _secret(json: bool, created: ServiceClientCreated) -> None:
+    out = output(json)
+    if out.json_mode:
+        out.json(created)
+        return
+    out.table(created, [created], CLIENT_COLUMNS)
+    out.errors.print("the secret (shown once):")
+    print(created.secret, flush=True)
+
+
+@clients.command("create")
+def create_client(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument()],
+    model: Annotated[list[str] | None, typer.Option(help="a model it may call; repeatable")] = None,
+    role: Annotated[list[str] | None, typer.Option(help="a role it may call; repeatable")] = None,
+    max_concurrent: Annotated[int | None, typer.Option()] = None,
+    rate_per_minute: Annotated[int | None, typer.Option()] = None,
+    json: JsonOption = False,
+) -> None:
+    values: dict[str, Any] = {"name": name, "models": model or [], "roles": role or []}
+    if max_concurrent is not None:
+        values["max_concurrent"] = max_concurrent
+    if rate_per_minute is not None:
+        values["rate_per_minute"] = rate_per_minute
+    body = ServiceClientCreate.model_validate(values)
+    with admin(ctx).client() as client:
+        created = client.post(ServiceClientCreated, SERVICE_CLIENTS, body)
+    _secret(json, created)
+
+
+@clients.command("list")
+def list_clients(ctx: typer.Context, json: JsonOption = False) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        found = client.get(ServiceClientList, SERVICE_CLIENTS)
+    out.table(found, found.items, CLIENT_COLUMNS)
+
+
+@clients.command("get")
+def get_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = False) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.get(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}")
+    out.detail(view, view.model_dump().items())
+
+
+@clients.command("rotate")
+def rotate_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = False) -> None:
+    with admin(ctx).client() as client:
+        created = client.post(ServiceClientCreated, f"{SERVICE_CLIENTS}/{client_id}/rotate")
+    _secret(json, created)
+
+
+@clients.command("revoke")
+def revoke_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = False) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.post(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}/revoke")
+    out.table(view, [view], CLIENT_COLUMNS)

@@ -1,0 +1,222 @@
+"""`modelforge admin jobs …`: artifact jobs (a model's files acquired onto a node):
+create, list, get, watch with a progress bar, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import TypeAdapter, ValidationError
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from cli.admin.client import AdminFailure
+from cli.admin.context import JsonOption, LimitOption, admin, output
+from cli.admin.output import Column, Output
+from cli.admin.watch import follow
+from schemas.artifacts import ArtifactJobList, ArtifactJobView, ArtifactManifest, CreateArtifactJob
+from schemas.events import CloudEvent
+from schemas.jobs import TERMINAL_STATES, JobState
+from schemas.protocol import ARTIFACT_JOBS
+
+app = typer.Typer(help="artifact jobs: create, list, get, watch, cancel")
+
+JobArg = Annotated[uuid.UUID, typer.Argument(help="the job's id")]
+
+
+def _progress(job: ArtifactJobView) -> str:
+    if job.progress is None:
+        return "-"
+    p = job.progress
+    percent = 100 * p.bytes_done / p.bytes_total if p.bytes_total else 100.0
+    return f"{percent:.0f}% ({p.files_done}/{p.files_total} files)"
+
+
+JOB_COLUMNS: list[Column[ArtifactJobView]] = [
+    Column("ID", lambda j: j.id),
+    Column("NODE", lambda j: j.node_id),
+    Column("STATE", lambda j: j.state, styled=True),
+    Column("REPOSITORY", lambda j: f"{j.spec.repository}@{j.spec.commit[:12]}"),
+    Column("ROOT", lambda j: j.spec.target_root),
+    Column("ATTEMPT", lambda j: f"{j.attempt}/{j.max_attempts}"),
+    Column("PROGRESS", _progress),
+    Column("FAILURE", lambda j: j.failure.code if j.failure else None),
+    Column("UPDATED", lambda j: j.updated_at),
+]
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    node: Annotated[uuid.UUID, typer.Option(help="the node to acquire onto")],
+    root: Annotated[str, typer.Option(help="one of the node's artifact roots")],
+    manifest: Annotated[
+        Path | None, typer.Option(help="an exact manifest (JSON: repository, commit, files)")
+    ] = None,
+    repository: Annotated[str | None, typer.Option(help="resolve this repository…")] = None,
+    revision: Annotated[str, typer.Option(help="…at this revision")] = "main",
+    pattern: Annotated[list[str] | None, typer.Option(help="…these files; repeatable")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, max=20)] = 3,
+    json: JsonOption = False,
+) -> None:
+    """Queue an acquisition: from an exact --manifest, or by --repository/--revision/
+    --pattern, which the control plane resolves to one first."""
+    out = output(json)
+    target = {"node_id": str(node), "target_root": root, "max_attempts": max_attempts}
+    if (manifest is None) == (repository is None):
+        raise typer.BadParameter("give --manifest, or --repository with --pattern")
+    if manifest is not None:
+        try:
+            exact = ArtifactManifest.model_validate_json(manifest.read_bytes())
+        except (OSError, ValidationError) as exc:
+            raise AdminFailure(f"{manifest}: not a manifest ({type(exc).__name__})") from None
+        body = {**target, "manifest": exact.model_dump(mode="json")}
+    else:
+        if not pattern:
+            raise typer.BadParameter("--repository needs at least one --pattern")
+        body = {
+            **target,
+            "resolve": {"repository": repository, "revision": revision, "patterns": pattern},
+        }
+    with admin(ctx).client() as client:
+        # Validated here as the API will: a mistake is a usage line, not a round trip.
+        request = TypeAdapter(CreateArtifactJob).validate_python(body)
+        job = client.call(
+            ArtifactJobView, "POST", ARTIFACT_JOBS, body=request.model_dump(mode="json")
+        )
+    out.table(job, [job], JOB_COLUMNS)
+
+
+@app.command("list")
+def list_jobs(
+    ctx: typer.Context,
+    node: Annotated[uuid.UUID | None, typer.Option(help="only this node's")] = None,
+    state: Annotated[list[JobState] | None, typer.Option(help="repeatable")] = None,
+    limit: LimitOption = 100,
+    json: JsonOption = False,
+) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        jobs = client.get(
+            ArtifactJobList,
+            ARTIFACT_JOBS,
+            node_id=node,
+            state=[s.value for s in state or []],
+            limit=limit,
+        )
+    out.table(jobs, jobs.items, JOB_COLUMNS)
+
+
+@app.command("get")
+def get_job(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")
+    _show(out, view)
+
+
+def _show(out: Output, view: ArtifactJobView) -> None:
+    out.detail(
+        view,
+        [
+            ("id", view.id),
+            ("node", view.node_id),
+            ("state", view.state),
+            ("cancel requested", view.cancel_requested),
+            ("repository", f"{view.spec.repository}@{view.spec.commit}"),
+            ("files", len(view.spec.files)),
+            ("root", view.spec.target_root),
+            ("attempt", f"{view.attempt}/{view.max_attempts}"),
+            ("progress", _progress(view)),
+            ("failure", f"{view.failure.code}: {view.failure.detail}" if view.failure else None),
+            ("result", view.result.root if view.result else None),
+            ("created", view.created_at),
+            ("finished", view.finished_at),
+        ],
+    )
+
+
+@app.command("cancel")
+def cancel(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
+    """A queued job ends at once; a running one is told on its next progress report."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.post(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}/cancel")
+    out.table(view, [view], JOB_COLUMNS)
+
+
+class _Ended(Exception):
+    """The watched job reached its end (raised out of the event loop)."""
+
+    def __init__(self, view: ArtifactJobView) -> None:
+        super().__init__(str(view.id))
+        self.view = view
+
+
+@app.command("watch")
+def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
+    """Follow one job to its end: a progress bar of its bytes (the job's JSON on each
+    change with --json). Exits 0 when it succeeds, 1 when it fails or is cancelled."""
+    out = output(json)
+    with admin(ctx).client() as client, _bar(out) as bar:
+        task = bar.add_task(str(job), total=None) if bar is not None else None
+
+        def refresh() -> None:
+            view = client.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")
+            if out.json_mode:
+                out.json(view)
+            elif bar is not None and task is not None:
+                p = view.progress
+                bar.update(
+                    task,
+                    description=f"{view.spec.repository} [{view.state.value}]",
+                    completed=p.bytes_done if p else 0,
+                    total=p.bytes_total if p else None,
+                )
+            if view.state in TERMINAL_STATES:
+                raise _Ended(view)
+
+        def on_event(event: CloudEvent) -> bool:
+            if event.targetid == str(job):
+                refresh()
+            return False
+
+        try:
+            # Read once the stream is open (redraw), so no change falls between the two.
+            follow(client, out, redraw=refresh, on_event=on_event, type="job.")
+        except _Ended as ended:
+            final = ended.view
+    if not out.json_mode:
+        _show(out, final)
+    if final.state is not JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def _bar(out: Output) -> Progress | _NoBar:
+    if out.json_mode:
+        return _NoBar()
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=out.console,
+        transient=False,
+    )
+
+
+class _NoBar:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
