@@ -39,6 +39,8 @@ from api.presence import presence_beat
 from api.settings import ApiSettings
 from api.state import ApiState
 from api.telemetry_batch import telemetry_batcher
+from api.ui.routes import Assets, ui_router
+from api.ui.session import UiSessions
 from schemas.protocol import INVOKE_STREAM
 from store.engine import make_engine, make_sessionmaker
 
@@ -164,6 +166,12 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(agent_router)
     app.include_router(health_router)
     app.include_router(admin_router)
+    # The dashboard (api/ui/); its session cookie stands in for the operator key in the
+    # admin router's check (api/deps.py), which finds it on app.state.
+    operator_key = settings.operator_api_key
+    ui_sessions = UiSessions(operator_key.get_secret_value() if operator_key else None)
+    app.state.ui_sessions = ui_sessions
+    app.include_router(ui_router(ui_sessions, Assets.load()))
     # Last: an operator's page is never matched ahead of a fleet route.
     install_docs(app)
     return app

@@ -30,6 +30,7 @@ from api.agent.heartbeat import HeartbeatCall, heartbeat_transaction
 from api.errors import Forbidden, Unauthenticated
 from api.node_cache import CachedNode
 from api.state import ApiState, get_state
+from api.ui.session import admitted_by_session
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER, NODE_CREDENTIAL_PREFIX
 from store import nodes, secrets, service_clients
@@ -141,6 +142,7 @@ async def _heartbeat_call(
 
 
 async def require_operator(
+    request: Request,
     state: State,
     x_modelforge_admin_token: Annotated[str | None, Security(OPERATOR_KEY)],
 ) -> None:
@@ -151,6 +153,9 @@ async def require_operator(
             code=ErrorCode.ADMIN_API_DISABLED,
         )
     if not x_modelforge_admin_token:
+        # The dashboard's browser holds a session cookie instead (api/ui/session.py).
+        if admitted_by_session(request):
+            return
         raise Unauthenticated(
             "X-ModelForge-Admin-Token is required", code=ErrorCode.ADMIN_TOKEN_MISSING
         )

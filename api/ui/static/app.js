@@ -1,0 +1,493 @@
+// The fleet dashboard: plain JavaScript over the admin JSON API (session cookie, no key)
+// and its event stream. Why it is shaped this way:
+// - Every list is one server-side page (limit/offset and the API's own filters): a fleet
+//   of 10,000 nodes is never loaded whole.
+// - An event refreshes only the row it names, when that row is on screen (one GET of
+//   that one object, coalesced); events about rows off screen are counted, and the page
+//   is re-read only when the operator asks, or once after the stream reconnects.
+// - Nothing is written to localStorage; the session cookie is HttpOnly and the CSRF
+//   token is read from its own cookie for the one request that changes something.
+// - Text only ever goes in through textContent: no markup from the API is interpreted.
+"use strict";
+
+(() => {
+  const PAGE = 50;
+  const COALESCE_MS = 250;
+  const DETAIL_POLL_MS = 5000;
+  const JOB_POLL_MS = 5000;
+  const SPARK_POINTS = 60;
+  const AUDIT_ROWS = 200;
+
+  let paths = null;
+  let source = null;
+  const pending = new Map(); // key -> timer: coalesced row refreshes
+  const views = {};
+  let current = null;
+
+  // -- helpers ---------------------------------------------------------------------------
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") node.className = value;
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const short = (id) => (id ? String(id).slice(0, 8) : "");
+  const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
+  const badge = (text) => el("span", { class: `badge ${text}` }, text);
+
+  function cookie(name) {
+    for (const part of document.cookie.split(";")) {
+      const [key, ...rest] = part.trim().split("=");
+      if (key === name) return decodeURIComponent(rest.join("="));
+    }
+    return "";
+  }
+
+  function showError(message) {
+    const box = document.getElementById("error");
+    box.textContent = message;
+    box.hidden = !message;
+  }
+
+  async function getJson(path, params) {
+    const url = new URL(path, location.origin);
+    for (const [key, value] of Object.entries(params || {})) {
+      for (const item of [].concat(value)) {
+        if (item !== "" && item !== null && item !== undefined) url.searchParams.append(key, item);
+      }
+    }
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (response.status === 401) {
+      location.assign(paths ? paths.login : "/ui/login");
+      throw new Error("signed out");
+    }
+    if (!response.ok) {
+      let detail = `${response.status}`;
+      try {
+        const body = await response.json();
+        detail = `${response.status} ${body.error?.code || ""}: ${body.error?.message || ""}`;
+      } catch (_) { /* not JSON */ }
+      throw new Error(detail);
+    }
+    return response.json();
+  }
+
+  function coalesce(key, work) {
+    if (pending.has(key)) return;
+    pending.set(key, setTimeout(() => {
+      pending.delete(key);
+      work().catch((error) => showError(String(error.message || error)));
+    }, COALESCE_MS));
+  }
+
+  function flash(row) {
+    row.classList.remove("flash");
+    void row.offsetWidth; // restart the animation
+    row.classList.add("flash");
+  }
+
+  // -- a paged table, shared by the views -------------------------------------------------
+  // load(offset) -> items; rowOf(item) -> <tr>; keyOf(item) -> id.
+  function pagedTable({ section, table, load, rowOf, keyOf }) {
+    const body = document.querySelector(`#${table} tbody`);
+    const range = section.querySelector('[data-role="range"]');
+    const prev = section.querySelector('[data-page="prev"]');
+    const next = section.querySelector('[data-page="next"]');
+    const page = { offset: 0, rows: new Map(), more: false };
+
+    async function reload() {
+      const items = await load(page.offset);
+      page.more = items.length > PAGE;
+      const shown = items.slice(0, PAGE);
+      page.rows = new Map();
+      body.replaceChildren(...shown.map((item) => {
+        const row = rowOf(item);
+        page.rows.set(String(keyOf(item)), row);
+        return row;
+      }));
+      if (range) range.textContent = shown.length ? `${page.offset + 1}–${page.offset + shown.length}` : "none";
+      if (prev) prev.disabled = page.offset === 0;
+      if (next) next.disabled = !page.more;
+    }
+    function replace(item) {
+      const key = String(keyOf(item));
+      const old = page.rows.get(key);
+      if (!old) return;
+      const row = rowOf(item);
+      old.replaceWith(row);
+      page.rows.set(key, row);
+      flash(row);
+    }
+    if (prev) prev.addEventListener("click", () => { page.offset = Math.max(0, page.offset - PAGE); reload(); });
+    if (next) next.addEventListener("click", () => { page.offset += PAGE; reload(); });
+    return { page, reload, replace, visible: (key) => page.rows.has(String(key)) };
+  }
+
+  // -- nodes ------------------------------------------------------------------------------
+  function nodesView() {
+    const section = document.getElementById("view-nodes");
+    const form = document.getElementById("node-filter");
+    const offscreen = section.querySelector('[data-role="offscreen"]');
+    const detailBox = document.getElementById("node-detail");
+    let unseen = 0;
+    let detail = null; // { id, timer, series }
+
+    const table = pagedTable({
+      section,
+      table: "nodes",
+      keyOf: (node) => node.id,
+      // One more than a page tells whether there is a next one, without a count query.
+      load: async (offset) => {
+        const filter = new FormData(form);
+        const body = await getJson(paths.nodes, {
+          limit: PAGE + 1, offset, liveness: filter.get("liveness"), label: filter.get("label").trim(),
+        });
+        return body.items;
+      },
+      rowOf: (node) => {
+        const row = el("tr", { "data-node-id": node.id },
+          el("td", {}, node.display_name || node.hostname),
+          el("td", { class: "mono" }, short(node.id)),
+          el("td", { "data-role": "liveness" }, badge(node.liveness)),
+          el("td", {}, node.enabled ? "yes" : "no"),
+          el("td", { class: "mono" }, Object.entries(node.labels).map(([k, v]) => `${k}=${v}`).join(" ")),
+          el("td", {}, node.agent_version),
+          el("td", {}, when(node.last_heartbeat_at)));
+        row.addEventListener("click", () => openDetail(node.id));
+        return row;
+      },
+    });
+
+    function countUnseen() {
+      unseen += 1;
+      offscreen.hidden = false;
+      offscreen.textContent = `${unseen} change${unseen === 1 ? "" : "s"} elsewhere in the fleet · refresh`;
+    }
+    offscreen.addEventListener("click", () => { unseen = 0; offscreen.hidden = true; table.reload(); });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      table.page.offset = 0;
+      table.reload().catch((error) => showError(String(error.message)));
+    });
+
+    // The detail panel: GPUs, and sparklines of the telemetry sampled while it is open
+    // (the API keeps the last good telemetry only; the history is this panel's).
+    function spark(values, max) {
+      // Right-aligned: the newest sample at the right edge, older ones to its left.
+      const width = 120, height = 24, step = width / (SPARK_POINTS - 1);
+      const points = values.map((value, i) => {
+        const x = width - (values.length - 1 - i) * step;
+        const y = height - (Math.min(value, max) / (max || 1)) * (height - 2) - 1;
+        return `${x.toFixed(1)},${y.toFixed(1)}`;
+      });
+      const ns = "http://www.w3.org/2000/svg";
+      const svg = document.createElementNS(ns, "svg");
+      svg.setAttribute("class", "spark");
+      svg.setAttribute("width", width);
+      svg.setAttribute("height", height);
+      svg.setAttribute("data-samples", values.length);
+      const line = document.createElementNS(ns, "polyline");
+      line.setAttribute("points", points.join(" "));
+      svg.append(line);
+      if (values.length) {
+        const [x, y] = points[points.length - 1].split(",");
+        const dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", x);
+        dot.setAttribute("cy", y);
+        dot.setAttribute("r", "2");
+        svg.append(dot);
+      }
+      return svg;
+    }
+    function sample(series, key, value) {
+      if (value === null || value === undefined) return;
+      const list = series.get(key) || [];
+      list.push(value);
+      if (list.length > SPARK_POINTS) list.shift();
+      series.set(key, list);
+    }
+    async function drawDetail() {
+      if (!detail) return;
+      const node = await getJson(`${paths.nodes}/${detail.id}`);
+      if (!detail || detail.id !== node.id) return;
+      const telemetry = node.telemetry;
+      const byUuid = new Map((telemetry?.gpus || []).map((gpu) => [gpu.uuid, gpu]));
+      if (telemetry) sample(detail.series, "ram", (100 * telemetry.ram_used_bytes) / (telemetry.ram_total_bytes || 1));
+      for (const gpu of node.gpus) sample(detail.series, gpu.uuid, byUuid.get(gpu.uuid)?.utilization_percent);
+      const ram = detail.series.get("ram") || [];
+      detailBox.replaceChildren(
+        el("h2", {}, `${node.display_name || node.hostname} `, badge(node.liveness)),
+        el("p", { class: "mono" }, node.id),
+        el("p", {}, "RAM used ", spark(ram, 100), ram.length ? ` ${ram[ram.length - 1].toFixed(0)}%` : " —"),
+        el("table", { class: "grid", id: "gpus" },
+          el("thead", {}, el("tr", {}, ["GPU", "Name", "Memory", "Utilization", "Temperature", "State"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, node.gpus.map((gpu) => {
+            const now = byUuid.get(gpu.uuid) || {};
+            const util = detail.series.get(gpu.uuid) || [];
+            return el("tr", { "data-gpu": gpu.uuid },
+              el("td", {}, `#${gpu.index}`),
+              el("td", {}, gpu.name),
+              el("td", {}, `${((now.memory_used_bytes || 0) / 2 ** 30).toFixed(1)} / ${(gpu.memory_total_bytes / 2 ** 30).toFixed(1)} GiB`),
+              el("td", {}, spark(util, 100), now.utilization_percent === undefined ? " —" : ` ${now.utilization_percent}%`),
+              el("td", {}, now.temperature_c === undefined || now.temperature_c === null ? "—" : `${now.temperature_c} °C`),
+              el("td", {}, gpu.missing ? badge("missing") : "present"));
+          }))),
+        ...(node.gpus.length ? [] : [el("p", { class: "muted" }, "No GPUs reported.")]));
+      detailBox.hidden = false;
+    }
+    function openDetail(id) {
+      closeDetail();
+      detail = { id, series: new Map(), timer: setInterval(() => drawDetail().catch(() => {}), DETAIL_POLL_MS) };
+      drawDetail().catch((error) => showError(String(error.message)));
+    }
+    function closeDetail() {
+      if (detail) clearInterval(detail.timer);
+      detail = null;
+      detailBox.hidden = true;
+    }
+
+    return {
+      section,
+      show: () => table.reload(),
+      hide: closeDetail,
+      refresh: () => table.reload(),
+      onEvent(event) {
+        const id = event.nodeid;
+        if (!id || !String(event.action).startsWith("node.")) return;
+        if (table.visible(id)) {
+          coalesce(`node:${id}`, async () => table.replace(await getJson(`${paths.nodes}/${id}`)));
+        } else {
+          countUnseen();
+        }
+        if (detail && detail.id === id) coalesce(`detail:${id}`, drawDetail);
+      },
+    };
+  }
+
+  // -- jobs -------------------------------------------------------------------------------
+  function progressOf(job) {
+    const progress = job.progress;
+    if (!progress) return job.state === "succeeded" ? "done" : "—";
+    if ("bytes_total" in progress) {
+      const ratio = progress.bytes_total ? progress.bytes_done / progress.bytes_total : 0;
+      const percent = Math.floor(100 * ratio);
+      return el("span", { "data-role": "progress", "data-percent": percent },
+        el("span", { class: "bar" }, el("span", { style: null, "data-width": percent })),
+        `${percent}% (${progress.files_done}/${progress.files_total} files)`);
+    }
+    return progress.phase || "—";
+  }
+
+  function jobsView() {
+    const section = document.getElementById("view-jobs");
+    const form = document.getElementById("job-filter");
+    const base = () => (new FormData(form).get("kind") === "deployment" ? paths.deployment_jobs : paths.artifact_jobs);
+    let poll = null;
+
+    const table = pagedTable({
+      section,
+      table: "jobs",
+      keyOf: (job) => job.id,
+      load: async (offset) => {
+        const filter = new FormData(form);
+        return (await getJson(base(), { limit: PAGE + 1, offset, state: filter.get("state") })).items;
+      },
+      rowOf: (job) => {
+        const row = el("tr", { "data-job-id": job.id },
+          el("td", { class: "mono" }, short(job.id)),
+          el("td", {}, job.kind),
+          el("td", { class: "mono" }, short(job.node_id)),
+          el("td", {}, badge(job.state)),
+          el("td", {}, `${job.attempt}/${job.max_attempts}`),
+          el("td", {}, progressOf(job)),
+          el("td", {}, when(job.updated_at)));
+        // The bar's width through the CSSOM: an inline style attribute is refused by the CSP.
+        for (const bar of row.querySelectorAll("[data-width]")) bar.style.width = `${bar.dataset.width}%`;
+        return row;
+      },
+    });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      table.page.offset = 0;
+      table.reload().catch((error) => showError(String(error.message)));
+    });
+    const refreshJob = (id) => coalesce(`job:${id}`, async () => table.replace(await getJson(`${base()}/${id}`)));
+
+    return {
+      section,
+      show: () => {
+        // Progress events mark quarters only; the leased jobs on screen are re-read in
+        // between, a handful of single-row GETs, never the list.
+        poll = setInterval(() => {
+          for (const [id, row] of table.page.rows) {
+            if (row.querySelector(".badge.leased")) refreshJob(id);
+          }
+        }, JOB_POLL_MS);
+        return table.reload();
+      },
+      hide: () => clearInterval(poll),
+      refresh: () => table.reload(),
+      onEvent(event) {
+        if (!String(event.action).startsWith("job.")) return;
+        const id = event.data?.job_id || event.targetid;
+        if (table.visible(id)) refreshJob(id);
+        else if (event.action === "job.created" && table.page.offset === 0) coalesce("jobs:page", table.reload);
+      },
+    };
+  }
+
+  // -- deployments ------------------------------------------------------------------------
+  function deploymentsView() {
+    const section = document.getElementById("view-deployments");
+    const table = pagedTable({
+      section,
+      table: "deployments",
+      keyOf: (d) => d.id,
+      load: async (offset) => (await getJson(paths.deployments, { limit: PAGE + 1, offset })).items,
+      rowOf: (d) => el("tr", { "data-deployment-id": d.id },
+        el("td", { class: "mono" }, short(d.id)),
+        el("td", {}, d.model, d.roles.length ? ` (${d.roles.join(", ")})` : ""),
+        el("td", { class: "mono" }, `${short(d.node_id)} / ${d.device_id}`),
+        el("td", {}, badge(d.state), d.failure ? ` ${d.failure.code}` : ""),
+        el("td", {}, d.queue_depth === null ? "—" : d.queue_depth),
+        el("td", {}, d.max_concurrent),
+        el("td", {}, d.cooldown_until ? `until ${when(d.cooldown_until)} ${d.cooldown_reason || ""}` : "—"),
+        el("td", {}, when(d.state_changed_at))),
+    });
+    return {
+      section,
+      show: () => table.reload(),
+      hide: () => {},
+      refresh: () => table.reload(),
+      onEvent(event) {
+        if (!String(event.action).startsWith("deployment.")) return;
+        const id = event.data?.deployment_id || event.targetid;
+        if (table.visible(id)) coalesce(`deployment:${id}`, async () => table.replace(await getJson(`${paths.deployments}/${id}`)));
+        else if (event.action === "deployment.created" && table.page.offset === 0) coalesce("deployments:page", table.reload);
+      },
+    };
+  }
+
+  // -- incidents --------------------------------------------------------------------------
+  function incidentsView() {
+    const section = document.getElementById("view-incidents");
+    const body = document.querySelector("#incidents tbody");
+    async function reload() {
+      const items = (await getJson(paths.incidents, { limit: 100 })).items;
+      body.replaceChildren(...(items.length ? items.map((i) => el("tr", { "data-incident-id": i.id },
+        el("td", { class: "mono" }, short(i.id)),
+        el("td", {}, i.kind),
+        el("td", {}, when(i.opened_at)),
+        el("td", {}, i.watched_nodes),
+        el("td", {}, i.silent_nodes),
+        el("td", {}, i.acknowledged_at ? `${when(i.acknowledged_at)}: ${i.acknowledged_reason || ""}` : "—"),
+        el("td", {}, when(i.resolved_at)))) : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No incidents."))]));
+    }
+    return {
+      section, show: reload, hide: () => {}, refresh: reload,
+      onEvent(event) { if (String(event.action).startsWith("fleet.")) coalesce("incidents", reload); },
+    };
+  }
+
+  // -- audit ------------------------------------------------------------------------------
+  // The audit log is written by a worker from the same events: the page starts from the
+  // log and then shows each event as it arrives, the newest first, AUDIT_ROWS at most.
+  function auditView() {
+    const section = document.getElementById("view-audit");
+    const body = document.querySelector("#audit tbody");
+    const row = (at, actor, action, target, correlation) => el("tr", {},
+      el("td", {}, when(at)), el("td", { class: "mono" }, actor), el("td", {}, action),
+      el("td", { class: "mono" }, target), el("td", { class: "mono" }, short(correlation)));
+    async function reload() {
+      const items = (await getJson(paths.audit, { limit: 50 })).items;
+      body.replaceChildren(...items.map((r) => row(r.at, r.actor, r.action, `${r.target_type} ${short(r.target_id)}`, r.correlation_id)));
+    }
+    return {
+      section, show: reload, hide: () => {}, refresh: reload,
+      onEvent(event) {
+        const added = row(event.time, event.actor, event.action, `${event.targettype} ${short(event.targetid)}`, event.correlationid);
+        body.prepend(added);
+        flash(added);
+        while (body.rows.length > AUDIT_ROWS) body.lastElementChild.remove();
+      },
+    };
+  }
+
+  // -- the event stream -------------------------------------------------------------------
+  function connect() {
+    const live = document.getElementById("live");
+    let broken = false;
+    source = new EventSource(paths.events, { withCredentials: true });
+    source.addEventListener("open", () => {
+      live.textContent = "live";
+      live.className = "live on";
+      // Whatever happened while it was down is read once, not replayed.
+      if (broken && current) current.refresh();
+      broken = false;
+    });
+    source.addEventListener("error", async () => {
+      live.textContent = "reconnecting";
+      live.className = "live off";
+      broken = true;
+      if (source.readyState === EventSource.CLOSED) {
+        // Refused (a 401 after logout or expiry), not a dropped connection: check.
+        try { await getJson(paths.nodes, { limit: 1 }); setTimeout(connect, 2000); } catch (_) { /* redirected */ }
+      }
+    });
+    const deliver = (message) => {
+      let event;
+      try { event = JSON.parse(message.data); } catch (_) { return; }
+      for (const view of Object.values(views)) view.onEvent(event);
+    };
+    for (const type of paths.event_types) source.addEventListener(type, deliver);
+    source.addEventListener(paths.overflow_event, () => {
+      // Dropped for falling behind: start again and read the page once.
+      source.close();
+      broken = true;
+      setTimeout(connect, 1000);
+    });
+  }
+
+  // -- navigation -------------------------------------------------------------------------
+  function show(name) {
+    const view = views[name] || views.nodes;
+    if (current && current !== view) current.hide();
+    for (const v of Object.values(views)) v.section.hidden = v !== view;
+    for (const link of document.querySelectorAll("#tabs a")) {
+      link.classList.toggle("active", link.dataset.view === (views[name] ? name : "nodes"));
+    }
+    current = view;
+    showError("");
+    view.show().catch((error) => showError(String(error.message || error)));
+  }
+
+  async function logout() {
+    if (source) source.close();
+    await fetch(paths.logout, {
+      method: "POST", credentials: "same-origin", headers: { [paths.csrf_header]: cookie(paths.csrf_cookie) },
+    });
+    location.assign(paths.login);
+  }
+
+  async function start() {
+    paths = await getJson("/ui/paths.json");
+    views.nodes = nodesView();
+    views.jobs = jobsView();
+    views.deployments = deploymentsView();
+    views.incidents = incidentsView();
+    views.audit = auditView();
+    document.getElementById("logout").addEventListener("click", logout);
+    window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+    connect();
+    show(location.hash.slice(1) || "nodes");
+  }
+
+  document.addEventListener("DOMContentLoaded", () => { start().catch((error) => showError(String(error.message || error))); });
+})();

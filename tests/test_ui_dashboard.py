@@ -1,0 +1,179 @@
+"""The fleet dashboard (/ui) in headless Chromium (Debian's `chromium`, driven by
+Playwright): login, the node list, a liveness change and a job's progress arriving over
+the event stream without a reload, and logout. Real API, relay, NATS and PostgreSQL.
+
+Each view's screenshot is written to docs/ui/ (the README shows them): the test is what
+keeps them current.
+
+Without chromium or Playwright the test skips on a developer's machine and fails under
+CI=true, where .ci/run installs both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.ui import SESSION_COOKIE, UI_LOGIN, UI_PREFIX
+from tests.admin_helpers import beat, get_node, ok, patch_node
+from tests.api_server import OPERATOR_KEY, RunningApi
+from tests.artifact_flows import ROOT, claimed, created, fence, progress
+from tests.flows import INVENTORY, NODES, TELEMETRY, enroll, gpu, inventory_body, telemetry_body
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
+# An event reaches the page within the relay's poll (0.5 s in tests) plus a coalesced
+# GET; the bound leaves room for a loaded machine. Never a fixed sleep.
+ARRIVAL_MS = 20_000
+HOSTNAME = "gpu-dash-01"
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is required under CI (.ci/run installs it)")
+    pytest.skip(f"{what} is not installed")
+
+
+@pytest.fixture
+def browser_page() -> Iterator[Any]:
+    if not os.access(CHROMIUM, os.X_OK):
+        _missing("Debian's chromium (/usr/bin/chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright (the dev extra)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 760})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+            browser.close()
+
+
+def _node_with_gpus(client: httpx.Client, api: RunningApi) -> tuple[Any, list[str]]:
+    """An enrolled node whose inventory offers two GPUs and an artifact root."""
+    node = enroll(client, api, hostname=HOSTNAME, labels={"rack": "a1"})
+    gpus = [gpu(0), gpu(1)]
+    body = inventory_body(node.node_id, 1, gpus=gpus, hostname=HOSTNAME)
+    body["host"]["artifact_roots"] = [ROOT]
+    ok(client.put(INVENTORY, json=body, headers=node.headers))
+    return node, [g["uuid"] for g in gpus]
+
+
+def test_dashboard(api: RunningApi, browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    base = api.base_url
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # Offline: any request to another origin is refused and recorded.
+    elsewhere: list[str] = []
+
+    def only_here(route: Any) -> None:
+        if route.request.url.startswith(base):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_here)
+    # What the Content-Security-Policy refused (an inline style, a foreign script) is a
+    # console error; a refused login's 401 is one too, and is expected.
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Refused" in m.text else None)
+
+    client = api.client()
+    node, gpu_uuids = _node_with_gpus(client, api)
+    assert get_node(client, api, node.node_id)["liveness"] == "offline"
+
+    # Login: /ui sends a stranger to the login page; a wrong key is refused there.
+    first = page.goto(f"{base}{UI_PREFIX}")
+    assert first is not None
+    assert page.url == f"{base}{UI_LOGIN}"
+    assert "default-src 'self'" in first.headers["content-security-policy"]
+    page.fill("#operator_key", "not-the-key")
+    page.click("#login")
+    expect(page.get_by_role("alert")).to_have_text("Invalid operator key.")
+    assert page.url == f"{base}{UI_LOGIN}"
+    page.screenshot(path=SCREENSHOTS / "login.png")
+    page.fill("#operator_key", OPERATOR_KEY)
+    page.click("#login")
+    page.wait_for_url(f"{base}{UI_PREFIX}")
+
+    # The key is in neither the URL nor the page's storage; the cookie is HttpOnly, Strict.
+    assert OPERATOR_KEY not in page.url
+    stored = page.evaluate("JSON.stringify([{...localStorage}, {...sessionStorage}])")
+    assert stored == "[{},{}]"
+    assert OPERATOR_KEY not in page.evaluate("document.cookie")
+    session = next(c for c in page.context.cookies() if c["name"] == SESSION_COOKIE)
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert OPERATOR_KEY not in session["value"]
+
+    # The node list shows the node; the stream is open.
+    row = page.locator(f'tr[data-node-id="{node.node_id}"]')
+    expect(row).to_contain_text(HOSTNAME)
+    expect(row.locator('[data-role="liveness"]')).to_have_text("offline")
+    expect(page.locator("#live")).to_have_text("live", timeout=ARRIVAL_MS)
+
+    # A liveness change appears without a reload: a mark set on the window survives it.
+    page.evaluate("window.__notReloaded = true")
+    ok(beat(client, node))
+    expect(row.locator('[data-role="liveness"]')).to_have_text("online", timeout=ARRIVAL_MS)
+    assert patch_node(client, api, node.node_id, enabled=False).status_code == 200
+    expect(row.locator('[data-role="liveness"]')).to_have_text("disabled", timeout=ARRIVAL_MS)
+    assert patch_node(client, api, node.node_id, enabled=True).status_code == 200
+    expect(row.locator('[data-role="liveness"]')).to_have_text("online", timeout=ARRIVAL_MS)
+    assert page.evaluate("window.__notReloaded") is True
+
+    # The node's detail: its GPUs and telemetry sparklines, sampled while open.
+    for sequence in (1, 2):
+        body = telemetry_body(node.node_id, sequence, gpu_uuids=gpu_uuids)
+        ok(client.put(TELEMETRY, json=body, headers=node.headers))
+    row.click()
+    expect(page.locator("#gpus tbody tr")).to_have_count(2)
+    expect(page.locator("#node-detail")).to_contain_text("50%")
+    # A second sample of the panel's poll draws a line, not a point.
+    spark = page.locator("#gpus tbody tr:first-child svg.spark")
+    expect(spark).to_have_attribute("data-samples", "2", timeout=ARRIVAL_MS)
+    page.screenshot(path=SCREENSHOTS / "nodes.png", full_page=True)
+
+    # A job's progress moves on screen as the node reports it.
+    job_id = created(client, api, node)
+    page.click('#tabs a[data-view="jobs"]')
+    job = page.locator(f'tr[data-job-id="{job_id}"]')
+    expect(job).to_contain_text("queued", timeout=ARRIVAL_MS)
+    claim = claimed(client, node)
+    expect(job).to_contain_text("leased", timeout=ARRIVAL_MS)
+    ok(progress(client, node, job_id, fence(claim), 1000))
+    expect(job.locator('[data-role="progress"]')).to_contain_text("23%", timeout=ARRIVAL_MS)
+    ok(progress(client, node, job_id, fence(claim), 3000))
+    expect(job.locator('[data-role="progress"]')).to_contain_text("69%", timeout=ARRIVAL_MS)
+    assert page.evaluate("window.__notReloaded") is True
+    page.screenshot(path=SCREENSHOTS / "jobs.png", full_page=True)
+
+    for view in ("deployments", "incidents", "audit"):
+        page.click(f'#tabs a[data-view="{view}"]')
+        expect(page.locator(f"#view-{view}")).to_be_visible()
+        if view == "audit":
+            expect(page.locator("#audit tbody")).to_contain_text("job.progressed")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=SCREENSHOTS / f"{view}.png", full_page=True)
+
+    # Logout: back to the login page, /ui sends there again, and the old cookie is dead.
+    page.click("#logout")
+    page.wait_for_url(f"{base}{UI_LOGIN}")
+    page.goto(f"{base}{UI_PREFIX}")
+    assert page.url == f"{base}{UI_LOGIN}"
+    with api.client(cookies={SESSION_COOKIE: session["value"]}) as old:
+        assert old.get(NODES).status_code == 401
+
+    assert elsewhere == [], f"the dashboard reached beyond the API: {elsewhere}"
+    assert refused == [], refused
+    client.close()
