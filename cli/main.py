@@ -155,6 +155,24 @@ def _runtime(args: argparse.Namespace) -> int:
     return run_runtime(args)
 
 
+def _ops_check(script: str) -> Callable[[argparse.Namespace], int]:
+    """One of the checkout's GPU check scripts (ops/) as a command, run by the
+    interpreter of this install, so it never lacks the agent's packages (`python
+    ops/gpu_check.py` under a bare system Python does). They are not in the installed
+    package: an install without the checkout says so in one line."""
+
+    def run(_: argparse.Namespace) -> int:
+        import runpy
+
+        path = Path(__file__).resolve().parent.parent / "ops" / script
+        if not path.is_file():
+            raise CommandFailed(f"{path} is missing: the GPU checks run from a ModelForge checkout")
+        main: Callable[[], int] = runpy.run_path(str(path))["main"]
+        return main()
+
+    return run
+
+
 def _admin(args: argparse.Namespace) -> int:
     # Reached only for `modelforge admin` with nothing after it: main() hands everything
     # else to the admin CLI before argparse parses (its own parser, typer, reads it).
@@ -247,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--threads", type=int, default=4, help="threads per process (default 4)")
     _add_agent_commands(add)
     add("admin", _admin, "operate the control plane: nodes, tokens, jobs, ... (`admin --help`)")
+    add("gpu-check", _ops_check("gpu_check.py"), "run the NVML collector for real, print it")
+    add(
+        "gpu-runtime-check",
+        _ops_check("gpu_runtime_check.py"),
+        "build llama-server with CUDA; load, probe and unload the test model on every GPU",
+    )
     schemas = commands.add_parser("schemas", help="wire model tools")
     schema_commands = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schema_commands.add_parser("export", help="write JSON Schema for every wire model")
