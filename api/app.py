@@ -36,6 +36,7 @@ from api.middleware.correlation import CorrelationIdMiddleware
 from api.node_cache import NodeCache, node_cache
 from api.notifications import notification_hub
 from api.presence import presence_beat
+from api.return_batch import return_batcher
 from api.settings import ApiSettings
 from api.state import ApiState
 from api.telemetry_batch import telemetry_batcher
@@ -99,6 +100,13 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
                 telemetry_batcher(sessions, settings.future_skew_limit_s, metrics) as telemetry,
+                return_batcher(
+                    sessions,
+                    cache if settings.heartbeat_cache else None,
+                    heartbeats,
+                    settings.heartbeat_interval_s,
+                    metrics,
+                ) as returns,
                 presence_beat(
                     sessions,
                     period_s=settings.beat_period_s,
@@ -122,6 +130,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
                     telemetry=telemetry,
+                    returns=returns,
                     events=events,
                 )
                 warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))

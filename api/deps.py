@@ -137,6 +137,10 @@ async def _heartbeat_call(
     if cached is not None:
         yield HeartbeatCall(state, authorization, presented, cached=cached)
         return
+    if presented is not None:
+        # Returning (or new, or this process has not seen it): the batch decides it.
+        yield HeartbeatCall(state, authorization, presented, returning=True)
+        return
     async with heartbeat_transaction(state, authorization, presented) as call:
         yield call
 

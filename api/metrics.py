@@ -103,6 +103,16 @@ class ApiMetrics:
             "Telemetry samples written by those transactions",
             registry=self.registry,
         )
+        self.return_batches = Counter(
+            "modelforge_heartbeat_return_batches",
+            "Group-committed transactions of returning nodes' heartbeats (api/return_batch.py)",
+            registry=self.registry,
+        )
+        self.returns_batched = Counter(
+            "modelforge_heartbeat_returns_batched",
+            "Returning nodes' heartbeats those transactions recorded",
+            registry=self.registry,
+        )
         self.heartbeats_flushed = Counter(
             "modelforge_heartbeat_timestamps_flushed",
             "Routine heartbeat timestamps written by the group commit",

@@ -25,6 +25,7 @@ from store.liveness import LivenessThresholds
 if TYPE_CHECKING:  # it reads service clients (api/gateway/auth.py), which reach this state
     from api.admin.events import EventFanout  # its route reaches this state
     from api.gateway.cache import GatewayCache
+    from api.return_batch import ReturnBatcher
     from api.telemetry_batch import TelemetryBatcher
 
 
@@ -44,6 +45,8 @@ class ApiState:
     client_limits: ClientLimits
     gateway_cache: GatewayCache
     telemetry: TelemetryBatcher
+    # Heartbeats of nodes the cache does not hold, group-committed (api/return_batch.py).
+    returns: ReturnBatcher
     # The operators' event stream (api/admin/events.py).
     events: EventFanout
 

@@ -5,6 +5,9 @@
   the agent's facts changed);
 * `agent_changed`: whether a heartbeat brings new agent facts; the API's routine check
   (api/agent/heartbeat.py: routine) asks it about a cached node too;
+* `record_returns`: the transactional one for many nodes at once, when a fleet comes
+  back (after an outage of the API or the network, or a restart) and every node's
+  heartbeat would otherwise be a transaction of its own;
 * `write_routine`: the group commit of routine heartbeats, many nodes in one statement,
   each at the database clock minus its age (api/heartbeat_buffer.py holds them until
   then).
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from sqlalchemy import bindparam, text, update
+from sqlalchemy import DateTime, bindparam, text, update
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -29,10 +32,12 @@ from schemas.admin import Liveness
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
 from schemas.events import EventType, NodeAgentChanged, node_actor
 from store import changes
-from store.liveness import record_transition
+from store.errors import StoreError
+from store.liveness import record_transition, transition_event
 from store.models import Node
-from store.node_credentials import AuthenticatedNode, serialize
+from store.node_credentials import AuthenticatedNode, admit_locked, serialize
 from store.protocol_versions import require_supported
+from store.secrets import PresentedSecret
 
 ONLINE = Liveness.ONLINE.value
 
@@ -152,3 +157,74 @@ async def write_routine(
     stays decided from server-received time on the database clock."""
     row = (await session.execute(_ROUTINE, {"ids": list(ids), "ages": list(ages_s)})).one()
     return RoutineWritten(now=row.now, written=int(row.written))
+
+
+_RETURNED: Final = text(
+    """
+    UPDATE nodes AS n SET
+        last_heartbeat_at = :at,
+        liveness = 'online',
+        liveness_changed_at = CASE WHEN n.liveness = 'online'
+            THEN n.liveness_changed_at ELSE :at END
+    WHERE n.id = ANY(:ids)
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(UUID(as_uuid=True))),
+    bindparam("at", type_=DateTime(timezone=True)),
+)
+
+
+@dataclass(frozen=True)
+class Returning:
+    """A heartbeat of a node the API does not hold as online: its credential as
+    presented, and the request."""
+
+    presented: PresentedSecret
+    request: HeartbeatRequest
+
+
+async def record_returns(
+    session: AsyncSession, returning: Sequence[Returning]
+) -> list[AuthenticatedNode | None]:
+    """`record_heartbeat` for many nodes in four statements: their node locks (in key
+    order), their credentials, one UPDATE, and the liveness events. For each heartbeat,
+    the node as it is now recorded (online, heard at the database clock), or None when
+    it must be decided alone by `record_heartbeat`: a credential it would refuse, a
+    heartbeat naming another node or an unsupported protocol, new agent facts (their
+    event), or a second heartbeat of a node already in this batch. Those get the
+    single path's typed answer there; nothing of theirs is written here."""
+    admitted = await admit_locked(session, [r.presented for r in returning])
+    decided: list[AuthenticatedNode | None] = []
+    batched: set[uuid.UUID] = set()
+    for r, node in zip(returning, admitted, strict=True):
+        if node is None or node.node_id in batched or _differs(node, r.request):
+            decided.append(None)
+            continue
+        try:
+            node.require_owns(r.request.node_id)
+            require_supported(r.request.protocol_version)
+        except StoreError:
+            decided.append(None)
+            continue
+        batched.add(node.node_id)
+        decided.append(node)
+    written = [node for node in decided if node is not None]
+    if not written:
+        return decided
+    # Admission read the database clock once: every node of the batch is heard at it.
+    at = written[0].received_at
+    await session.execute(_RETURNED, {"ids": [node.node_id for node in written], "at": at})
+    for node in written:
+        if node.liveness != ONLINE:
+            transition_event(
+                session,
+                node_id=node.node_id,
+                previous=node.liveness,
+                current=ONLINE,
+                last_heartbeat_at=at,
+                decided_by="heartbeat",
+            )
+    return [
+        None if node is None else AuthenticatedNode(**{**node.__dict__, "liveness": ONLINE})
+        for node in decided
+    ]

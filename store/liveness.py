@@ -98,6 +98,27 @@ async def record_transition(
     await session.execute(
         update(Node).where(Node.id == node_id).values(liveness=current, liveness_changed_at=at)
     )
+    transition_event(
+        session,
+        node_id=node_id,
+        previous=previous,
+        current=current,
+        last_heartbeat_at=last_heartbeat_at,
+        decided_by=decided_by,
+    )
+
+
+def transition_event(
+    session: AsyncSession,
+    *,
+    node_id: uuid.UUID,
+    previous: str,
+    current: str,
+    last_heartbeat_at: datetime | None,
+    decided_by: Literal["sweep", "heartbeat"],
+) -> None:
+    """The audit row and event of a liveness change whose row the caller has written
+    (record_transition, or a batch of them: store/heartbeat.py: record_returns)."""
     change = LivenessChanged(
         node_id=node_id,
         previous=previous,

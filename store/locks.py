@@ -9,8 +9,12 @@ node's commit order.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Final
 
-from sqlalchemy import ColumnElement, Text, cast, func, literal
+from sqlalchemy import ColumnElement, Text, bindparam, cast, func, literal, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import QueryableAttribute
 
 # First key of the two-key advisory lock space: "node events".
@@ -29,3 +33,26 @@ def node_xact_lock(node_id: uuid.UUID | QueryableAttribute[uuid.UUID]) -> Column
 def node_try_xact_lock(node_id: uuid.UUID) -> ColumnElement[bool]:
     """Like node_xact_lock, but answers false at once when someone else holds it."""
     return func.pg_try_advisory_xact_lock(_NAMESPACE, func.hashtext(literal(str(node_id))))
+
+
+_NODES_OF_CREDENTIALS: Final = text(
+    """
+    SELECT pg_advisory_xact_lock(:namespace, keys.key) FROM (
+        SELECT DISTINCT hashtext(c.node_id::text) AS key
+        FROM node_credentials AS c WHERE c.id = ANY(:ids)
+        -- Every taker of several node locks takes them in key order, so two of them
+        -- (the return batches of two API processes) never deadlock.
+        ORDER BY key
+    ) AS keys
+    """
+).bindparams(bindparam("ids", type_=ARRAY(UUID(as_uuid=True))))
+
+
+async def lock_nodes_of_credentials(
+    session: AsyncSession, credential_ids: Sequence[uuid.UUID]
+) -> None:
+    """Wait for the node lock of every credential's node (the same lock as
+    node_xact_lock's); released at commit or rollback."""
+    await session.execute(
+        _NODES_OF_CREDENTIALS, {"namespace": _NAMESPACE, "ids": list(credential_ids)}
+    )

@@ -16,6 +16,7 @@ the rules that take an admitted node are store/heartbeat.py and store/ingest.py.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,7 +35,7 @@ from schemas.events import (
 from schemas.protocol import NODE_CREDENTIAL_PREFIX
 from store import changes, nodes, secrets
 from store.errors import Forbidden, NotOwned, StoreError, Unauthenticated
-from store.locks import node_xact_lock
+from store.locks import lock_nodes_of_credentials, node_xact_lock
 from store.models import Node, NodeCredential
 
 
@@ -152,6 +153,33 @@ async def serialize(session: AsyncSession, node: AuthenticatedNode) -> Authentic
     fresh = _admit(row, node.credential_id, serialized=True)
     # Keep the original received_at: it is when the request arrived.
     return AuthenticatedNode(**{**fresh.__dict__, "received_at": node.received_at})
+
+
+async def admit_locked(
+    session: AsyncSession, presented: Sequence[secrets.PresentedSecret]
+) -> list[AuthenticatedNode | None]:
+    """Many credentials admitted at once under their nodes' locks (a batch of returning
+    heartbeats: store/heartbeat.py: record_returns), in order. One that would be refused
+    is None: its request is decided alone, which gives the typed answer. Each presented
+    secret is checked on its own, so a wrong secret is refused even beside the right one
+    for the same credential id."""
+    ids = [p.id for p in presented]
+    await lock_nodes_of_credentials(session, ids)
+    rows = {
+        row.credential_id: row
+        for row in (await session.execute(_credentials().where(NodeCredential.id.in_(ids))))
+    }
+    admitted: list[AuthenticatedNode | None] = []
+    for p in presented:
+        row = rows.get(p.id)
+        if row is None or not secrets.matches(p.secret, row.digest):
+            admitted.append(None)
+            continue
+        try:
+            admitted.append(_admit(row, p.id, serialized=True))
+        except StoreError:
+            admitted.append(None)
+    return admitted
 
 
 async def live_online(session: AsyncSession) -> tuple[list[LiveCredential], datetime | None]:

@@ -4,10 +4,13 @@ Routine (the credential is in the node cache, the node is recorded online, nothi
 the request is new): no database round trip at all. The heartbeat is noted in the
 group-commit buffer (api/heartbeat_buffer.py) and answered.
 
-Anything else takes the transactional path: authenticate against the database, then the
-store's rule (store/heartbeat.py: record_heartbeat): one UPDATE, and the node lock plus
-an event only when something changed. After it commits, the node is remembered in the
-cache, so its next heartbeat is routine.
+Anything else takes the transactional path. A node not in the cache joins the return
+batch (api/return_batch.py: many returning nodes in one transaction); what the batch
+does not decide, and a cached node's heartbeat that brings news, is decided alone:
+authenticate against the database, then the store's rule (store/heartbeat.py:
+record_heartbeat): one UPDATE, and the node lock plus an event only when something
+changed. After it commits, the node is remembered in the cache, so its next heartbeat
+is routine.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class HeartbeatCall:
     node: AuthenticatedNode | None = None
     # Set once the heartbeat is recorded: what to cache after the commit.
     remember: CachedNode | None = None
+    # Not in the cache, credential well-formed: for the return batch, no transaction yet.
+    returning: bool = False
 
 
 @contextlib.asynccontextmanager
@@ -102,6 +107,16 @@ async def _transactional(call: HeartbeatCall, request: HeartbeatRequest) -> Hear
 async def handle_heartbeat(call: HeartbeatCall, request: HeartbeatRequest) -> HeartbeatResponse:
     cached = call.cached
     counted = call.state.metrics.heartbeats
+    if call.returning:
+        assert call.presented is not None
+        response = await call.state.returns.heartbeat(call.presented, request)
+        if response is None:
+            async with heartbeat_transaction(
+                call.state, call.authorization, call.presented
+            ) as alone:
+                response = await _transactional(alone, request)
+        counted.labels(path="transactional").inc()
+        return response
     if cached is None:
         response = await _transactional(call, request)
         counted.labels(path="transactional").inc()
