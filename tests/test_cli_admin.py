@@ -34,11 +34,12 @@ from schemas.admin import (
     NodeDetail,
     NodeList,
 )
-from schemas.artifacts import ArtifactJobList, ArtifactJobView
+from schemas.artifacts import ArtifactJobList, ArtifactJobView, NodeArtifactList
 from schemas.deployments import DeploymentList
 from schemas.events import CloudEvent, EventType
 from schemas.jobs import JobState
 from schemas.runtime import EvidenceList, RuntimeEnvironmentList, RuntimeJobList, RuntimeProfileList
+from schemas.runtime_local import NodeRuntimeView
 from schemas.service_clients import ServiceClientCreated, ServiceClientView
 from tests.admin_helpers import beat, credential_id, patch_node, refused
 from tests.api_server import OPERATOR_KEY, RunningApi
@@ -52,7 +53,7 @@ from tests.artifact_flows import (
     node_with_roots,
     progress,
 )
-from tests.flows import EnrolledNode, enroll
+from tests.flows import NODES, EnrolledNode, enroll
 
 # A command's whole run (interpreter start, imports, the call) on a loaded 2-core box.
 COMMAND_S = 60.0
@@ -137,11 +138,11 @@ class Running:
 def background(api: RunningApi, tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> Running:
+    def start(*args: str, stdin: int = subprocess.DEVNULL) -> Running:
         process = subprocess.Popen(
             command(*args),
             env=environment(api, OPERATOR_KEY, tmp_path),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -269,6 +270,34 @@ def test_decommission_preview_then_execute(admin: Any, api: RunningApi) -> None:
         assert detail.liveness.value == "decommissioned"
 
 
+@pytest.mark.skipif(
+    "plan_hash" not in DecommissionPreview.model_fields, reason="an API without plan hashes"
+)
+def test_decommission_refuses_a_plan_that_changed_after_it_was_shown(
+    background: Callable[..., Running], api: RunningApi
+) -> None:
+    with api.client() as client:
+        node = enroll(client, api, "replanned")
+        asking = background("nodes", "decommission", node.node_id, stdin=subprocess.PIPE)
+        asking.line(lambda line: line.startswith("plan hash"))
+        # While the operator reads the plan, the node gets a new credential.
+        rotated = client.post(
+            f"{NODES}/{node.node_id}/credential/rotate", headers=api.admin_headers
+        )
+        assert rotated.status_code == 200, rotated.text
+        assert asking.process.stdin is not None
+        asking.process.stdin.write("y\n")
+        asking.process.stdin.close()
+        assert asking.process.wait(timeout=COMMAND_S) == 1
+        assert asking.process.stderr is not None
+        line = asking.process.stderr.read().strip()
+        match = ONE_LINE_ERROR.match(line)
+        assert match and match["code"] == "decommission_plan_changed", line
+        # Nothing was done: the node's new credential still works.
+        fresh = EnrolledNode(node.node_id, rotated.json()["credential"])
+        assert beat(client, fresh).status_code == 200
+
+
 def test_jobs_create_list_cancel(admin: Any, api: RunningApi, tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps(MANIFEST))
@@ -281,6 +310,15 @@ def test_jobs_create_list_cancel(admin: Any, api: RunningApi, tmp_path: Path) ->
         ok(admin("jobs", "list", "--node", node.node_id, "--json"))
     )
     assert [j.id for j in listed.items] == [job.id]
+    # Nothing verified on the node yet, and no runtime worker reported.
+    held = NodeArtifactList.model_validate_json(
+        ok(admin("nodes", "artifacts", node.node_id, "--json"))
+    )
+    assert held.items == []
+    reported = NodeRuntimeView.model_validate_json(
+        ok(admin("nodes", "runtime", node.node_id, "--json"))
+    )
+    assert not reported.reported
     cancelled = ArtifactJobView.model_validate_json(
         ok(admin("jobs", "cancel", str(job.id), "--json"))
     )

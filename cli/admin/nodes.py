@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,8 +26,10 @@ from schemas.admin import (
     NodePatch,
     NodeSummary,
 )
+from schemas.artifacts import NodeArtifact, NodeArtifactList
 from schemas.events import CloudEvent
 from schemas.protocol import NODES
+from schemas.runtime_local import NodeRuntimeView, RuntimeDevice
 
 app = typer.Typer(help="nodes: liveness, GPUs, telemetry, labels; disable, rotate, decommission")
 credential_app = typer.Typer(help="a node's credential: revoke, rotate")
@@ -304,7 +306,7 @@ def decommission(
         plan = client.get(DecommissionPreview, f"{NODES}/{node}/decommission/preview")
         shown = plan.model_dump(mode="json")
         if preview_only or not out.json_mode:
-            _show_plan(out, plan, shown.get("plan_hash"))
+            _show_plan(out, plan, shown)
         if preview_only:
             return
         if not yes and not typer.confirm(f"decommission node {node}? this cannot be undone"):
@@ -324,7 +326,11 @@ def decommission(
         )
 
 
-def _show_plan(out: Output, plan: DecommissionPreview, plan_hash: object) -> None:
+def _show_plan(out: Output, plan: DecommissionPreview, shown: dict[str, Any]) -> None:
+    """The plan as the operator confirms it. Read from the answer's JSON where an API
+    older than plan hashes has no such field (jobs, deployments, the hash)."""
+    jobs = shown.get("jobs_to_cancel") or []
+    deployments = shown.get("deployments_to_unload") or []
     out.detail(
         plan,
         [
@@ -333,7 +339,51 @@ def _show_plan(out: Output, plan: DecommissionPreview, plan_hash: object) -> Non
             ("already decommissioned", plan.already_decommissioned),
             ("credentials to revoke", len(plan.credentials_to_revoke)),
             ("enrollment tokens to revoke", len(plan.enrollment_tokens_to_revoke)),
+            ("jobs to cancel", [f"{j['kind']} {j['id']} ({j['state']})" for j in jobs]),
+            ("deployments to unload", [f"{d['model']} on {d['device_id']}" for d in deployments]),
             ("GPUs", plan.gpus),
-            ("plan hash", plan_hash),
+            ("plan hash", shown.get("plan_hash")),
         ],
     )
+
+
+ARTIFACT_COLUMNS: list[Column[NodeArtifact]] = [
+    Column("REPOSITORY", lambda a: a.repository),
+    Column("COMMIT", lambda a: a.commit[:12]),
+    Column("ROOT", lambda a: a.root),
+    Column("FILES", lambda a: len(a.files)),
+    Column("SIZE", lambda a: size(sum(f.size for f in a.files))),
+    Column("JOB", lambda a: a.job_id),
+    Column("RECORDED", lambda a: a.recorded_at),
+]
+DEVICE_COLUMNS: list[Column[RuntimeDevice]] = [
+    Column("DEVICE", lambda d: d.device_id),
+    Column("BACKEND", lambda d: d.backend),
+    Column("NAME", lambda d: d.name),
+    Column("FREE", lambda d: size(d.memory_free_bytes)),
+    Column("LOADED", lambda d: d.loaded_model),
+    Column("QUEUE", lambda d: d.queue_depth),
+]
+
+
+@app.command("artifacts")
+def artifacts(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+    """The node's artifact inventory: what completed jobs verified, and where."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        found = client.get(NodeArtifactList, f"{NODES}/{node}/artifacts")
+    out.table(found, found.items, ARTIFACT_COLUMNS)
+
+
+@app.command("runtime")
+def node_runtime(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+    """What the node's runtime worker last reported: devices, loaded and served models."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        view = client.get(NodeRuntimeView, f"{NODES}/{node}/runtime")
+    out.table(view, view.devices, DEVICE_COLUMNS)
+    if not out.json_mode:
+        if not view.reported:
+            out.note("no report from its runtime worker yet")
+        served = ", ".join(m.model_id for m in view.served_models) or "-"
+        out.note(f"served: {served}")
