@@ -10,6 +10,7 @@ a client that reconnects at once reaches another replica rather than this one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app
+from api.heap import HeapKeeper
 from api.held_streams import HeldStreams
 from api.processes import inherited_socket
 from api.settings import ApiSettings
@@ -35,6 +37,7 @@ class ApiServer(uvicorn.Server):
         # Only a process of its own may freeze the heap: a test's embedded server shares
         # its process with everything else the test suite keeps alive.
         self.freeze_heap = freeze_heap
+        self.heap: HeapKeeper | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -45,12 +48,18 @@ class ApiServer(uvicorn.Server):
         # Frozen, a full collection walks only what requests left behind.
         if self.freeze_heap:
             gc.freeze()
+            # And what the fleet adds later, after each long full collection.
+            self.heap = HeapKeeper(asyncio.get_running_loop())
+            self.heap.install()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Closing twice is harmless: uvicorn's shutdown closes them again.
         for server in self.servers:
             server.close()
         self.held_streams.close_all()
+        if self.heap is not None:
+            self.heap.remove()
+            self.heap = None
         await super().shutdown(sockets)
 
 
