@@ -41,7 +41,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # tests.hub_server, the Hub-layout server
-import fleet  # noqa: E402  (sibling bench module: the stack)
+import fleet_drive  # noqa: E402  (sibling bench modules: the stack, the drive)
+import fleet_stack  # noqa: E402
 import heartbeats as hb  # noqa: E402
 
 from agent.client import ProtocolClient  # noqa: E402
@@ -70,7 +71,8 @@ def pct(values: list[float], q: float) -> float:
 async def _node(api_url: str, admin_key: str, root: Path) -> hb.Node:
     [node] = await hb.enroll_nodes(api_url, admin_key, 1, concurrency=1)
     body = {
-        "node_id": node.node_id, "sequence": 1, "observed_at": fleet._utc_now(), "complete": True,
+        "node_id": node.node_id, "sequence": 1, "observed_at": fleet_drive.utc_now(),
+        "complete": True,
         "host": {"hostname": "bench", "artifact_roots": [str(root)]}, "gpus": [],
     }  # fmt: skip
     async with httpx.AsyncClient(base_url=api_url, timeout=10) as client:
@@ -273,12 +275,12 @@ def downloads(
 
 
 def channels(api_url: str, node: hb.Node, api_pid: int, count: int) -> None:
-    before = fleet.rss_mib(api_pid)
+    before = fleet_stack.rss_mib(api_pid)
 
     async def hold() -> float:
         writers = await hold_channels(api_url, node, count)
         await asyncio.sleep(2)
-        after = fleet.rss_mib(api_pid)
+        after = fleet_stack.rss_mib(api_pid)
         for writer in writers:
             writer.close()
         return after
@@ -317,7 +319,7 @@ def main() -> int:
     hub.state.add(REPO, "main", COMMIT, {"weights.bin": data})
     hub_process = hub.start_process()
     try:
-        with fleet.stack(workdir, env, 1) as (api_url, admin_key, _, pids, _api):
+        with fleet_stack.stack(workdir, env, 1) as (api_url, admin_key, _, pids, _api):
             node = asyncio.run(_node(api_url, admin_key, root))
             if "notify" in only:
                 notify(api_url, admin_key, node, root, args.jobs)
