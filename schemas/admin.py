@@ -22,6 +22,8 @@ from schemas.base import (
     WireModel,
     json_integer,
 )
+from schemas.deployments import DeploymentState
+from schemas.jobs import JobKind, JobState
 
 # A node list filter: ``key=value`` matches a label's value, a bare ``key`` its presence.
 LabelFilter = Annotated[
@@ -170,11 +172,43 @@ class CredentialRotated(WireModel):
     revoked_credential_ids: list[uuid.UUID]
 
 
+# The sha256 of a decommission plan, in hex (store/decommission.py: plan_hash).
+PlanHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class DecommissionJob(WireModel):
+    """A job of the node that a decommission cancels."""
+
+    id: uuid.UUID
+    kind: JobKind
+    state: JobState
+    # Bumped by every claim: a job claimed after the preview changes the plan.
+    lease_epoch: int
+
+
+class DecommissionDeployment(WireModel):
+    """A deployment on the node that a decommission ends (unloaded: nothing can reach
+    the node through the protocol any more)."""
+
+    id: uuid.UUID
+    model: str
+    device_id: str
+    state: DeploymentState
+
+
 class DecommissionPreview(WireModel):
+    """What executing would do now, and its `plan_hash`: execute takes the hash and
+    refuses (409 decommission_plan_changed) when the plan is no longer this one."""
+
     node_id: uuid.UUID
     already_decommissioned: bool
     credentials_to_revoke: list[uuid.UUID]
     enrollment_tokens_to_revoke: list[uuid.UUID]
+    jobs_to_cancel: list[DecommissionJob]
+    deployments_to_unload: list[DecommissionDeployment]
+    plan_hash: PlanHash
+    # Shown for the operator's judgement; not part of the plan (a decommission does
+    # nothing to them, and liveness moves on its own).
     gpus: int
     liveness: Liveness
 
@@ -182,6 +216,8 @@ class DecommissionPreview(WireModel):
 class DecommissionRequest(WireModel):
     # Must repeat the node id: a guard against decommissioning the wrong node.
     confirm_node_id: uuid.UUID
+    # The preview's: what the operator looked at is what is done, or nothing is.
+    plan_hash: PlanHash
     reason: Annotated[Note, Field(min_length=1)]
 
 
@@ -190,6 +226,8 @@ class DecommissionResult(WireModel):
     decommissioned_at: datetime
     revoked_credential_ids: list[uuid.UUID]
     revoked_enrollment_token_ids: list[uuid.UUID]
+    cancelled_job_ids: list[uuid.UUID]
+    unloaded_deployment_ids: list[uuid.UUID]
 
 
 class AuditRecord(WireModel):

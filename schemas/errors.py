@@ -63,6 +63,9 @@ class ErrorCode(StrEnum):
     SEQUENCE_REPLAYED = "sequence_replayed"
     IDENTITY_CONFLICT = "identity_conflict"
     NODE_TERMINAL = "node_terminal"
+    # A decommission whose plan changed since its preview (a credential issued, a job
+    # claimed, a deployment loaded, ...): preview again.
+    DECOMMISSION_PLAN_CHANGED = "decommission_plan_changed"
     STATE_CONFLICT = "state_conflict"
     # A report under a lease that is no longer the job's current one (fencing), or
     # one that ran out.

@@ -85,14 +85,27 @@ def audit(client: httpx.Client, api: RunningApi, **params: Any) -> list[dict[str
     return items
 
 
+def decommission_body(
+    client: httpx.Client, headers: dict[str, str], node_id: str, reason: str = "hardware retired"
+) -> dict[str, str]:
+    """The execute body for what the node's preview says now (its plan hash)."""
+    preview = ok(client.get(f"{NODES}/{node_id}/decommission/preview", headers=headers))
+    return {"confirm_node_id": node_id, "plan_hash": preview["plan_hash"], "reason": reason}
+
+
 def decommission(
-    client: httpx.Client, api: RunningApi, node_id: str, confirm: str | None = None
+    client: httpx.Client,
+    api: RunningApi,
+    node_id: str,
+    confirm: str | None = None,
+    plan_hash: str | None = None,
 ) -> httpx.Response:
-    return client.post(
-        f"{NODES}/{node_id}/decommission",
-        json={"confirm_node_id": confirm or node_id, "reason": "hardware retired"},
-        headers=api.admin_headers,
-    )
+    """Preview, then execute with the preview's hash (or the one given)."""
+    body = decommission_body(client, api.admin_headers, node_id)
+    body["confirm_node_id"] = confirm or node_id
+    if plan_hash is not None:
+        body["plan_hash"] = plan_hash
+    return client.post(f"{NODES}/{node_id}/decommission", json=body, headers=api.admin_headers)
 
 
 def db_scalar(database_url: str, sql: str, **params: Any) -> Any:

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.processes import start_process, stop_process
 from schemas.protocol import ENROLL, HEARTBEAT, NODES, TOKENS
 from stack.ports import free_port
+from tests.admin_helpers import decommission_body
 from tests.agent.harness import wait_until
 from tests.api_server import OPERATOR_KEY
 from tests.flows import EnrolledNode, enroll_body, heartbeat_body
@@ -148,6 +149,6 @@ def refuse(operator: httpx.Client, node_id: str, change: str) -> None:
     elif change == "disable":
         response = operator.patch(f"{NODES}/{node_id}", json={"enabled": False}, headers=ADMIN)
     else:
-        body = {"confirm_node_id": node_id, "reason": "test"}
+        body = decommission_body(operator, ADMIN, node_id, reason="test")
         response = operator.post(f"{NODES}/{node_id}/decommission", json=body, headers=ADMIN)
     assert response.status_code == 200, response.text

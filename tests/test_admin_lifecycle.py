@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
+
+import httpx
 
 from schemas.protocol import AUDIT
 from tests.admin_helpers import (
@@ -11,17 +14,27 @@ from tests.admin_helpers import (
     beat,
     credential_id,
     decommission,
+    decommission_body,
     enroll_with,
     get_node,
     list_nodes,
     new_token,
     ok,
+    outbox_count,
     patch_node,
     refused,
     token_id,
 )
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
+from tests.artifact_flows import claimed, created, get_job, node_with_roots
+from tests.deployment_flows import (
+    claim_deployment_job,
+    complete_load,
+    create_deployment,
+    deployment,
+    deployment_body,
+)
 from tests.flows import (
     ENROLL,
     HEARTBEAT,
@@ -36,8 +49,13 @@ from tests.flows import (
     gpu,
     heartbeat_body,
     inventory_body,
+    released_together,
     telemetry_body,
 )
+from tests.runtime_flows import create_profile, environment_id, ready_node
+
+# Concurrent executes of one previewed plan.
+RACERS = 8
 
 # --------------------------------------------------------------------------- credentials
 
@@ -116,6 +134,8 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
         assert preview["credentials_to_revoke"] == [credential_id(node.credential)]
         assert preview["enrollment_tokens_to_revoke"] == [recovery_id]
         assert preview["gpus"] == 1 and preview["liveness"] == "online"
+        assert preview["jobs_to_cancel"] == [] and preview["deployments_to_unload"] == []
+        assert len(preview["plan_hash"]) == 64
         # The preview changed nothing.
         assert ok(client.get(preview_url, headers=api.admin_headers)) == preview
         assert audit_count(client, api) == audit_before
@@ -133,12 +153,23 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
             409,
             "identity_conflict",
         )
+        # The hash is required, and must be the plan's.
+        body = {"confirm_node_id": node.node_id, "reason": "retired"}
+        execute_url = f"{NODES}/{node.node_id}/decommission"
+        refused(client.post(execute_url, json=body, headers=api.admin_headers), 422,
+                "validation_failed")  # fmt: skip
+        refused(
+            decommission(client, api, node.node_id, plan_hash="0" * 64),
+            409,
+            "decommission_plan_changed",
+        )
         ok(beat(client, node))  # still alive after the refused attempts
 
-        result = ok(decommission(client, api, node.node_id))
+        result = ok(decommission(client, api, node.node_id, plan_hash=preview["plan_hash"]))
         assert result["node_id"] == node.node_id and result["decommissioned_at"]
         assert result["revoked_credential_ids"] == [credential_id(node.credential)]
         assert result["revoked_enrollment_token_ids"] == [recovery_id]
+        assert result["cancelled_job_ids"] == [] and result["unloaded_deployment_ids"] == []
 
         # The agent is refused everywhere, with the terminal code.
         for method, path, body in (
@@ -200,6 +231,102 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
         assert get_node(client, quick, node.node_id)["liveness"] == "decommissioned"
         assert list_nodes(client, quick, {"liveness": "decommissioned"}) == [node.node_id]
         assert list_nodes(client, quick, {"liveness": "offline"}) == [bystander.node_id]
+
+
+# --------------------------------------------------------------------------- the plan's hash
+
+
+def preview_of(client: httpx.Client, api: RunningApi, node_id: str) -> dict[str, Any]:
+    url = f"{NODES}/{node_id}/decommission/preview"
+    preview: dict[str, Any] = ok(client.get(url, headers=api.admin_headers))
+    return preview
+
+
+def refused_as_changed(
+    client: httpx.Client, api: RunningApi, node: EnrolledNode, stale: dict[str, Any]
+) -> None:
+    """Execute on a stale preview: 409, and nothing changed (the node still works, its
+    plan is what it was just before the attempt)."""
+    before = preview_of(client, api, node.node_id)
+    assert before["plan_hash"] != stale["plan_hash"]
+    outbox = outbox_count(api.settings.database_url)
+    refused(
+        decommission(client, api, node.node_id, plan_hash=stale["plan_hash"]),
+        409,
+        "decommission_plan_changed",
+    )
+    assert outbox_count(api.settings.database_url) == outbox
+    assert preview_of(client, api, node.node_id) == before
+    assert get_node(client, api, node.node_id)["decommissioned_at"] is None
+    ok(beat(client, node))
+
+
+def test_a_new_credential_changes_the_plan(api: RunningApi) -> None:
+    with api.client() as client:
+        node = enroll(client, api)
+        stale = preview_of(client, api, node.node_id)
+        rotate = f"{NODES}/{node.node_id}/credential/rotate"
+        rotated = ok(client.post(rotate, headers=api.admin_headers))
+        node = EnrolledNode(node.node_id, rotated["credential"])
+        refused_as_changed(client, api, node, stale)
+        result = ok(decommission(client, api, node.node_id))
+        assert result["revoked_credential_ids"] == [credential_id(node.credential)]
+
+
+def test_a_claimed_job_changes_the_plan_and_execute_cancels_it(api: RunningApi) -> None:
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        job_id = created(client, api, node)
+        stale = preview_of(client, api, node.node_id)
+        assert [(j["id"], j["state"]) for j in stale["jobs_to_cancel"]] == [(job_id, "queued")]
+        claimed(client, node)
+        refused_as_changed(client, api, node, stale)
+        assert get_job(client, api, job_id)["state"] == "leased"
+
+        fresh = preview_of(client, api, node.node_id)
+        assert [(j["id"], j["state"]) for j in fresh["jobs_to_cancel"]] == [(job_id, "leased")]
+        result = ok(decommission(client, api, node.node_id, plan_hash=fresh["plan_hash"]))
+        assert result["cancelled_job_ids"] == [job_id]
+        assert get_job(client, api, job_id)["state"] == "cancelled"
+
+
+def test_a_loaded_deployment_changes_the_plan_and_execute_unloads_it(api: RunningApi) -> None:
+    with api.client() as client:
+        node = ready_node(client, api)
+        profile = create_profile(client, api)
+        body = deployment_body(node, profile["id"], environment_id(client, api))
+        pending = create_deployment(client, api, body)
+        stale = preview_of(client, api, node.node_id)
+        assert [(d["id"], d["state"]) for d in stale["deployments_to_unload"]] == [
+            (pending["id"], "pending")
+        ]
+        claim = claim_deployment_job(client, node)
+        assert complete_load(client, node, claim).status_code == 200
+        assert deployment(client, api, pending["id"])["state"] == "ready"
+        refused_as_changed(client, api, node, stale)
+        assert deployment(client, api, pending["id"])["state"] == "ready"
+
+        result = ok(decommission(client, api, node.node_id))
+        assert result["unloaded_deployment_ids"] == [pending["id"]]
+        assert deployment(client, api, pending["id"])["state"] == "unloaded"
+
+
+async def test_concurrent_executes_of_one_plan_decommission_once(api: RunningApi) -> None:
+    with api.client() as client:
+        node = node_with_roots(client, api)
+        job_id = created(client, api, node)
+        body = decommission_body(client, api.admin_headers, node.node_id)
+    url = f"{NODES}/{node.node_id}/decommission"
+    async with api.async_client() as client:
+        responses = await released_together(
+            RACERS, lambda _: client.post(url, json=body, headers=api.admin_headers)
+        )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] + [409] * (RACERS - 1), [r.text for r in responses]
+    assert {r.json()["code"] for r in responses if r.status_code == 409} == {"node_terminal"}
+    with api.client() as client:
+        assert get_job(client, api, job_id)["state"] == "cancelled"
+        assert len(audit(client, api, action="node.decommissioned")) == 1
 
 
 # --------------------------------------------------------------------------- recovery

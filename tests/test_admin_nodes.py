@@ -246,7 +246,7 @@ def test_unknown_and_invalid_node_ids(api: RunningApi) -> None:
             )
         response = client.post(
             f"{NODES}/{missing}/decommission",
-            json={"confirm_node_id": missing, "reason": "x"},
+            json={"confirm_node_id": missing, "plan_hash": "0" * 64, "reason": "x"},
             headers=h,
         )
         refused(response, 404, "not_found")

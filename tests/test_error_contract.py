@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.admin_helpers import decommission
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.contract_helpers import (
     assert_error,
@@ -131,12 +132,7 @@ def case_disabled(client: httpx.Client, api: RunningApi) -> Attempt:
 
 def case_decommissioned(client: httpx.Client, api: RunningApi) -> Attempt:
     a = _enrolled(client, api)
-    response = client.post(
-        f"{NODES}/{a.node_id}/decommission",
-        json={"confirm_node_id": a.node_id, "reason": "retired"},
-        headers=api.admin_headers,
-    )
-    assert_ok(response)
+    assert_ok(decommission(client, api, a.node_id))
     return Attempt(a.headers, a.node_id, 401, "node_decommissioned", a.node_id)
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT
 from store.engine import make_engine, make_sessionmaker
+from tests.admin_helpers import decommission
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, NO_BREAKER, NODES, THRESHOLDS, enroll, heartbeat_body, now
 from workers.liveness import sweep
@@ -110,14 +111,7 @@ async def test_disabled_and_decommissioned_nodes_are_never_swept(
             ).status_code
             == 200
         )
-        assert (
-            client.post(
-                f"{NODES}/{gone.node_id}/decommission",
-                json={"confirm_node_id": gone.node_id, "reason": "retired"},
-                headers=api.admin_headers,
-            ).status_code
-            == 200
-        )
+        assert decommission(client, api, gone.node_id).status_code == 200
     # Past the offline threshold, to show that the sweep records nothing for them: a
     # window for what must not happen, not a wait for a condition.
     await asyncio.sleep(THRESHOLDS.offline_after_s + 0.3)

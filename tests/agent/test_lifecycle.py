@@ -194,11 +194,12 @@ def test_disable_is_a_403_that_stops_publishing_and_decommission_is_final(
     again = agents(config, tmp_path / "again.log")
     advancing(api, node_id)
 
+    plan = admin(api, "GET", f"{NODES}/{node_id}/decommission/preview")["plan_hash"]
     admin(
         api,
         "POST",
         f"{NODES}/{node_id}/decommission",
-        json={"confirm_node_id": node_id, "reason": "e2e"},
+        json={"confirm_node_id": node_id, "plan_hash": plan, "reason": "e2e"},
     )
     assert again.wait() == 3
     log = again.output
