@@ -37,8 +37,16 @@ from schemas.admin import (
 from schemas.artifacts import ArtifactJobList, ArtifactJobView, NodeArtifactList
 from schemas.deployments import DeploymentList
 from schemas.events import CloudEvent, EventType
-from schemas.jobs import JobState
-from schemas.runtime import EvidenceList, RuntimeEnvironmentList, RuntimeJobList, RuntimeProfileList
+from schemas.jobs import JobKind, JobState
+from schemas.runtime import (
+    EvidenceList,
+    ProbeJobView,
+    RuntimeEnvironmentList,
+    RuntimeJobList,
+    RuntimeProfileList,
+    RuntimeProfileView,
+    UnloadJobView,
+)
 from schemas.runtime_local import NodeRuntimeView
 from schemas.service_clients import ServiceClientCreated, ServiceClientView
 from tests.admin_helpers import beat, credential_id, patch_node, refused
@@ -54,6 +62,7 @@ from tests.artifact_flows import (
     progress,
 )
 from tests.flows import NODES, EnrolledNode, enroll
+from tests.runtime_flows import environment_id, probe_body, ready_node
 
 # A command's whole run (interpreter start, imports, the call) on a loaded 2-core box.
 COMMAND_S = 60.0
@@ -426,3 +435,42 @@ def test_the_other_areas_answer_through_their_wire_models(admin: Any, api: Runni
         EventType.SERVICE_CLIENT_CREATED.value,
         EventType.SERVICE_CLIENT_REVOKED.value,
     }
+
+
+def test_runtime_bodies_from_stdin(admin: Any, api: RunningApi) -> None:
+    """A profile and probes from `-f -` bodies (the README's heredocs), read back."""
+    with api.client() as client:
+        node = ready_node(client, api, "runtime-node")
+        environment = environment_id(client, api)
+    envs = RuntimeEnvironmentList.model_validate_json(
+        ok(admin("runtime", "environments", "list", "--json"))
+    )
+    assert str(envs.items[0].id) == environment
+    profile_body = {"name": "small", "settings": {"ctx_size": 512, "threads": 2}}
+    profile = RuntimeProfileView.model_validate_json(
+        ok(
+            admin(
+                "runtime", "profiles", "create", "-f", "-", "--json", stdin=json.dumps(profile_body)
+            )
+        )
+    )
+    assert profile.name == "small" and profile.version == 1
+    probe_json = json.dumps(probe_body(node, str(profile.id), environment))
+    probe = ProbeJobView.model_validate_json(
+        ok(admin("runtime", "probes", "create", "-f", "-", "--json", stdin=probe_json))
+    )
+    assert probe.kind is JobKind.RUNTIME_PROBE and probe.state is JobState.QUEUED
+    unload_json = json.dumps(
+        {"kind": JobKind.RUNTIME_UNLOAD.value, "node_id": node.node_id, "device_id": "cpu"}
+    )
+    unload = UnloadJobView.model_validate_json(
+        ok(admin("runtime", "probes", "create", "-f", "-", "--json", stdin=unload_json))
+    )
+    assert unload.kind is JobKind.RUNTIME_UNLOAD
+    got = ProbeJobView.model_validate_json(
+        ok(admin("runtime", "probes", "get", str(probe.id), "--json"))
+    )
+    assert got.id == probe.id
+    # A body the wire model refuses: one line naming the field, before any request.
+    wrong = admin("runtime", "profiles", "create", "-f", "-", stdin='{"name": "x", "settings": 1}')
+    assert wrong.returncode == 1 and wrong.stderr.startswith("error: -: settings")

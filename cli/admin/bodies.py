@@ -3,6 +3,7 @@ from a JSON file and checked against the wire model before anything is sent."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,11 @@ from cli.admin.client import AdminFailure
 
 
 def read_body(path: Path, model: Any) -> Any:
-    """The file's JSON as `model` (a class or an annotated union), or one line saying
-    which field is wrong."""
+    """The file's JSON (stdin's for `-`) as `model` (a class or an annotated union), or
+    one line saying which field is wrong."""
     try:
-        raw = path.read_bytes()
+        # `-f -`: the body on stdin, e.g. a heredoc in a script.
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except OSError as exc:
         raise AdminFailure(f"{path}: {exc.strerror}") from None
     try:

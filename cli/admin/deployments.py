@@ -83,7 +83,9 @@ def get_deployment(ctx: typer.Context, deployment: DeploymentArg, json: JsonOpti
 @app.command("create")
 def create_deployment(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Option("--file", "-f", help="the request body (JSON)")],
+    file: Annotated[
+        Path, typer.Option("--file", "-f", help="the request body (JSON; - for stdin)")
+    ],
     json: JsonOption = False,
 ) -> None:
     out = output(json)

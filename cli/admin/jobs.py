@@ -174,12 +174,17 @@ def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
             if out.json_mode:
                 out.json(view)
             elif bar is not None and task is not None:
-                p = view.progress
+                # The total is known from the spec before the first report; a job that
+                # succeeded has all of it, reported or not.
+                total = sum(f.size for f in view.spec.files)
+                done = view.progress.bytes_done if view.progress else 0
+                if view.state is JobState.SUCCEEDED:
+                    done = total
                 bar.update(
                     task,
                     description=f"{view.spec.repository} [{view.state.value}]",
-                    completed=p.bytes_done if p else 0,
-                    total=p.bytes_total if p else None,
+                    completed=done,
+                    total=total,
                 )
             if view.state in TERMINAL_STATES:
                 raise _Ended(view)

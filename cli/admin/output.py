@@ -4,6 +4,7 @@ the API's own answer and so the stable form for scripts."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from rich.table import Table
 from schemas.admin import Liveness
 
 M = TypeVar("M", bound=BaseModel)
+
+# Wide enough for any row of ours, so a pipe gets each on one line.
+PIPE_WIDTH = 400
 
 # Liveness (and job and deployment states) by colour: what needs a look stands out.
 STYLES: dict[str, str] = {
@@ -52,7 +56,7 @@ class Output:
 
     def __init__(self, json_mode: bool, console: Console | None = None) -> None:
         self.json_mode = json_mode
-        self.console = console or Console(highlight=False, soft_wrap=False)
+        self.console = console or _console()
         self.errors = Console(stderr=True, highlight=False)
 
     def json(self, model: BaseModel) -> None:
@@ -87,6 +91,15 @@ class Output:
     def note(self, text: str) -> None:
         """A line for people (on stderr under --json, so stdout stays parseable)."""
         (self.errors if self.json_mode else self.console).print(text)
+
+
+def _console() -> Console:
+    """A terminal's width on a terminal; in a pipe, rows kept whole (ids unfolded, as
+    `grep` and `awk` want them) unless COLUMNS says otherwise."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=PIPE_WIDTH)
+    return console
 
 
 def render_table(

@@ -35,7 +35,7 @@ app.add_typer(profiles, name="profiles")
 app.add_typer(environments, name="environments")
 app.add_typer(probes, name="probes")
 
-FileArg = Annotated[Path, typer.Option("--file", "-f", help="the request body (JSON)")]
+FileArg = Annotated[Path, typer.Option("--file", "-f", help="the request body (JSON; - for stdin)")]
 
 PROFILE_COLUMNS: list[Column[RuntimeProfileView]] = [
     Column("ID", lambda p: p.id),
