@@ -279,9 +279,6 @@ def test_decommission_preview_then_execute(admin: Any, api: RunningApi) -> None:
         assert detail.liveness.value == "decommissioned"
 
 
-@pytest.mark.skipif(
-    "plan_hash" not in DecommissionPreview.model_fields, reason="an API without plan hashes"
-)
 def test_decommission_refuses_a_plan_that_changed_after_it_was_shown(
     background: Callable[..., Running], api: RunningApi
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -299,38 +299,32 @@ def decommission(
     preview_only: Annotated[bool, typer.Option("--preview", help="show the plan only")] = False,
     json: JsonOption = False,
 ) -> None:
-    """Show the plan (credentials and tokens revoked, GPUs), ask, then execute exactly
-    that plan: the plan's hash is sent back, so a plan that changed meanwhile is refused."""
+    """Show the plan (credentials and tokens revoked, jobs cancelled, deployments
+    unloaded), ask, then execute exactly that plan: its hash is sent back, so a plan that
+    changed meanwhile is refused (409 decommission_plan_changed) and nothing is done."""
     out = output(json)
     with admin(ctx).client() as client:
         plan = client.get(DecommissionPreview, f"{NODES}/{node}/decommission/preview")
-        shown = plan.model_dump(mode="json")
         if preview_only or not out.json_mode:
-            _show_plan(out, plan, shown)
+            _show_plan(out, plan)
         if preview_only:
             return
         if not yes and not typer.confirm(f"decommission node {node}? this cannot be undone"):
             raise typer.Exit(1)
-        body = {"confirm_node_id": str(node), "reason": reason}
-        # The hash of the plan shown above (absent from an API older than plan hashes).
-        if shown.get("plan_hash") is not None:
-            body["plan_hash"] = shown["plan_hash"]
-        request = DecommissionRequest.model_validate(body)
+        request = DecommissionRequest(confirm_node_id=node, plan_hash=plan.plan_hash, reason=reason)
         result = client.post(DecommissionResult, f"{NODES}/{node}/decommission", request)
     if out.json_mode:
         out.json(result)
     else:
         out.console.print(
             f"decommissioned {result.node_id}: revoked {len(result.revoked_credential_ids)} "
-            f"credential(s), {len(result.revoked_enrollment_token_ids)} token(s)"
+            f"credential(s), {len(result.revoked_enrollment_token_ids)} token(s); cancelled "
+            f"{len(result.cancelled_job_ids)} job(s), unloaded "
+            f"{len(result.unloaded_deployment_ids)} deployment(s)"
         )
 
 
-def _show_plan(out: Output, plan: DecommissionPreview, shown: dict[str, Any]) -> None:
-    """The plan as the operator confirms it. Read from the answer's JSON where an API
-    older than plan hashes has no such field (jobs, deployments, the hash)."""
-    jobs = shown.get("jobs_to_cancel") or []
-    deployments = shown.get("deployments_to_unload") or []
+def _show_plan(out: Output, plan: DecommissionPreview) -> None:
     out.detail(
         plan,
         [
@@ -339,10 +333,16 @@ def _show_plan(out: Output, plan: DecommissionPreview, shown: dict[str, Any]) ->
             ("already decommissioned", plan.already_decommissioned),
             ("credentials to revoke", len(plan.credentials_to_revoke)),
             ("enrollment tokens to revoke", len(plan.enrollment_tokens_to_revoke)),
-            ("jobs to cancel", [f"{j['kind']} {j['id']} ({j['state']})" for j in jobs]),
-            ("deployments to unload", [f"{d['model']} on {d['device_id']}" for d in deployments]),
+            (
+                "jobs to cancel",
+                [f"{j.kind.value} {j.id} ({j.state.value})" for j in plan.jobs_to_cancel],
+            ),
+            (
+                "deployments to unload",
+                [f"{d.model} on {d.device_id}" for d in plan.deployments_to_unload],
+            ),
             ("GPUs", plan.gpus),
-            ("plan hash", shown.get("plan_hash")),
+            ("plan hash", plan.plan_hash),
         ],
     )
 
