@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
 import httpx
+import pytest
 
+from schemas.admin import DecommissionDeployment, DecommissionJob
+from schemas.deployments import DeploymentState
+from schemas.jobs import JobKind, JobState
 from schemas.protocol import AUDIT
+from store.decommission import Plan, plan_hash
 from tests.admin_helpers import (
     audit,
     audit_count,
@@ -234,6 +240,31 @@ def test_decommission_lifecycle(api_factory: ApiFactory) -> None:
 
 
 # --------------------------------------------------------------------------- the plan's hash
+
+
+@pytest.mark.fast
+def test_the_plan_hash_is_canonical() -> None:
+    """The same plan hashes alike in any order; what a decommission does changes it."""
+    node, ids = uuid.uuid4(), [uuid.uuid4() for _ in range(4)]
+    job = DecommissionJob(id=ids[2], kind=JobKind.ARTIFACT_ACQUIRE, state=JobState.QUEUED,
+                          lease_epoch=0)  # fmt: skip
+    other = job.model_copy(update={"id": ids[3]})
+    placed = DecommissionDeployment(id=ids[3], model="smol", device_id="cpu",
+                                    state=DeploymentState.PENDING)  # fmt: skip
+    plan = Plan(node, [ids[0], ids[1]], [], [job, other], [placed])
+    same = Plan(node, [ids[1], ids[0]], [], [other, job], [placed])
+    assert plan_hash(plan) == plan_hash(same)
+    assert re.fullmatch(r"[0-9a-f]{64}", plan_hash(plan))
+    claimed_job = job.model_copy(update={"state": JobState.LEASED, "lease_epoch": 1})
+    loaded = placed.model_copy(update={"state": DeploymentState.READY})
+    for changed in (
+        Plan(node, [ids[0]], [], [job, other], [placed]),
+        Plan(node, [ids[0], ids[1]], [ids[3]], [job, other], [placed]),
+        Plan(node, [ids[0], ids[1]], [], [claimed_job, other], [placed]),
+        Plan(node, [ids[0], ids[1]], [], [job, other], [loaded]),
+        Plan(uuid.uuid4(), [ids[0], ids[1]], [], [job, other], [placed]),
+    ):
+        assert plan_hash(changed) != plan_hash(plan), changed
 
 
 def preview_of(client: httpx.Client, api: RunningApi, node_id: str) -> dict[str, Any]:
