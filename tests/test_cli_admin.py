@@ -35,7 +35,7 @@ from schemas.admin import (
     NodeList,
 )
 from schemas.artifacts import ArtifactJobList, ArtifactJobView, NodeArtifactList
-from schemas.deployments import DeploymentList
+from schemas.deployments import DeploymentList, DeploymentState, DeploymentView
 from schemas.events import CloudEvent, EventType
 from schemas.jobs import JobKind, JobState
 from schemas.runtime import (
@@ -61,8 +61,9 @@ from tests.artifact_flows import (
     node_with_roots,
     progress,
 )
+from tests.deployment_flows import claim_deployment_job, complete_load, deployment_body
 from tests.flows import NODES, EnrolledNode, enroll
-from tests.runtime_flows import environment_id, probe_body, ready_node
+from tests.runtime_flows import create_profile, environment_id, probe_body, ready_node
 
 # A command's whole run (interpreter start, imports, the call) on a loaded 2-core box.
 COMMAND_S = 60.0
@@ -471,3 +472,31 @@ def test_runtime_bodies_from_stdin(admin: Any, api: RunningApi) -> None:
     # A body the wire model refuses: one line naming the field, before any request.
     wrong = admin("runtime", "profiles", "create", "-f", "-", stdin='{"name": "x", "settings": 1}')
     assert wrong.returncode == 1 and wrong.stderr.startswith("error: -: settings")
+
+
+def test_deployments_watch_follows_a_model_load(
+    background: Callable[..., Running], admin: Any, api: RunningApi
+) -> None:
+    """Created from a stdin body, watched through pending to ready (the test as the
+    node's runtime worker), then drained."""
+    with api.client() as client:
+        node = ready_node(client, api, "deploy-node")
+        profile = create_profile(client, api, name="deployed")
+        body = deployment_body(node, profile["id"], environment_id(client, api))
+    created = DeploymentView.model_validate_json(
+        ok(admin("deployments", "create", "-f", "-", "--json", stdin=json.dumps(body)))
+    )
+    assert created.state is DeploymentState.PENDING
+    watch = background("deployments", "watch", str(created.id), "--until", "ready", "--json")
+    first = DeploymentView.model_validate_json(watch.line(lambda line: line.startswith("{")))
+    assert first.state is DeploymentState.PENDING
+    with api.client() as client:
+        claim = claim_deployment_job(client, node)
+        assert complete_load(client, node, claim).status_code == 200
+    ready = DeploymentView.model_validate_json(watch.line(lambda line: '"ready"' in line))
+    assert ready.state is DeploymentState.READY
+    assert watch.process.wait(timeout=COMMAND_S) == 0
+    drained = DeploymentView.model_validate_json(
+        ok(admin("deployments", "drain", str(created.id), "--deadline", "5", "--json"))
+    )
+    assert drained.state is DeploymentState.DRAINING

@@ -4,16 +4,20 @@ gateway serves, and who may call it."""
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.status import Status
 
 from cli.admin.bodies import read_body
 from cli.admin.context import JsonOption, admin, output
-from cli.admin.output import Column
+from cli.admin.output import Column, Output, styled
 from cli.admin.runtime import JOB_COLUMNS
+from cli.admin.watch import follow
 from schemas.deployments import (
+    ENDED_STATES,
     DeploymentCreate,
     DeploymentDrain,
     DeploymentJobList,
@@ -21,6 +25,7 @@ from schemas.deployments import (
     DeploymentState,
     DeploymentView,
 )
+from schemas.events import CloudEvent
 from schemas.protocol import DEPLOYMENTS, SERVICE_CLIENTS
 from schemas.service_clients import (
     ServiceClientCreate,
@@ -29,7 +34,7 @@ from schemas.service_clients import (
     ServiceClientView,
 )
 
-app = typer.Typer(help="deployments: create, list, get, jobs, drain, unload")
+app = typer.Typer(help="deployments: create, list, get, watch, jobs, drain, unload")
 clients = typer.Typer(help="service clients of the gateway: create, list, get, rotate, revoke")
 
 DeploymentArg = Annotated[uuid.UUID, typer.Argument(help="the deployment's id")]
@@ -193,3 +198,66 @@ def revoke_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = F
     with admin(ctx).client() as client:
         view = client.post(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}/revoke")
     out.table(view, [view], CLIENT_COLUMNS)
+
+
+class _Reached(Exception):
+    """The watched deployment reached the state asked for, or ended short of it."""
+
+    def __init__(self, view: DeploymentView) -> None:
+        super().__init__(str(view.id))
+        self.view = view
+
+
+@app.command("watch")
+def watch(
+    ctx: typer.Context,
+    deployment: DeploymentArg,
+    until: Annotated[DeploymentState, typer.Option(help="exit 0 once it is in this state")] = (
+        DeploymentState.READY
+    ),
+    json: JsonOption = False,
+) -> None:
+    """Follow a deployment (a model load, a drain) on the event stream: a line per state
+    it passes through (its JSON with --json). Exits 0 in --until's state, 1 when it ends
+    in another (failed, unloaded)."""
+    out = output(json)
+    shown: list[DeploymentState] = []
+    with admin(ctx).client() as client, _status(out, deployment) as status:
+
+        def refresh() -> None:
+            view = client.get(DeploymentView, f"{DEPLOYMENTS}/{deployment}")
+            if not shown or shown[-1] is not view.state:
+                shown.append(view.state)
+                if out.json_mode:
+                    out.json(view)
+                else:
+                    failure = (
+                        f" ({view.failure.code}: {view.failure.detail})" if view.failure else ""
+                    )
+                    out.console.print(
+                        f"{view.model} on {view.node_id}/{view.device_id}: "
+                        f"{styled(view.state.value)}{failure}"
+                    )
+                if status is not None:
+                    status.update(f"{view.model}: {view.state.value}, waiting for {until.value}")
+            if view.state is until or view.state in ENDED_STATES:
+                raise _Reached(view)
+
+        def on_event(event: CloudEvent) -> bool:
+            if event.targetid == str(deployment):
+                refresh()
+            return False
+
+        try:
+            follow(client, out, redraw=refresh, on_event=on_event, type="deployment.")
+        except _Reached as reached:
+            final = reached.view
+    if final.state is not until:
+        raise typer.Exit(1)
+
+
+def _status(out: Output, deployment: uuid.UUID) -> Status | nullcontext[None]:
+    """A spinner while a model loads, on a terminal only (a pipe gets the lines)."""
+    if out.json_mode or not out.console.is_terminal:
+        return nullcontext()
+    return out.console.status(f"deployment {deployment}")
