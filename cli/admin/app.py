@@ -8,6 +8,7 @@ failed (the API's code and correlation id on stderr), 2 a usage mistake, 130 Ctr
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -82,4 +83,9 @@ def run(argv: Sequence[str]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `… | head`: the reader left, which is not our failure. Stdout is pointed at
+        # /dev/null so the interpreter's last flush does not fail loudly either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return result if isinstance(result, int) else 0
