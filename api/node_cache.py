@@ -3,8 +3,8 @@ no database read: the credential's digest and the node's agent facts, for online
 
 Correct only while it hears every change. Every change that could refuse a credential
 or make a heartbeat more than routine (revocation, rotation, disable, decommission, a
-recorded liveness change, new agent facts) NOTIFYs the node's id when it commits
-(migration 0006), and the entry is dropped: every API replica forgets it within
+recorded liveness change away from online, new agent facts) NOTIFYs the node's id when
+it commits (migrations 0006, 0012), and the entry is dropped: every API replica forgets it within
 milliseconds, so a revoked node is refused everywhere well inside a second. While the
 LISTEN connection is down the cache holds nothing and answers nothing, and it starts
 empty again once reconnected (notifications may have been missed meanwhile).

@@ -6,7 +6,7 @@ One at a time that is six statements and a commit per node; when a whole fleet c
 back at once (after an outage of the API or the network), those transactions queued
 behind each other until heartbeats timed out and more nodes went stale. Here they join
 one batch (api/group_commit.py) decided by the store's rule (store/heartbeat.py:
-record_returns): the node locks, the credentials, one UPDATE and the liveness events,
+record_returns): the node locks free now, the credentials, one UPDATE and the liveness events,
 for hundreds of nodes per commit.
 
 A heartbeat the batch does not decide (a credential it would refuse, new agent facts,

@@ -186,13 +186,14 @@ class Returning:
 async def record_returns(
     session: AsyncSession, returning: Sequence[Returning]
 ) -> list[AuthenticatedNode | None]:
-    """`record_heartbeat` for many nodes in four statements: their node locks (in key
-    order), their credentials, one UPDATE, and the liveness events. For each heartbeat,
+    """`record_heartbeat` for many nodes in four statements: their node locks (those free
+    now), their credentials, one UPDATE, and the liveness events. For each heartbeat,
     the node as it is now recorded (online, heard at the database clock), or None when
     it must be decided alone by `record_heartbeat`: a credential it would refuse, a
     heartbeat naming another node or an unsupported protocol, new agent facts (their
     event), or a second heartbeat of a node already in this batch. Those get the
-    single path's typed answer there; nothing of theirs is written here."""
+    single path's typed answer there; nothing of theirs is written here. So is one whose
+    node lock another transaction holds: the batch never waits for one."""
     admitted = await admit_locked(session, [r.presented for r in returning])
     decided: list[AuthenticatedNode | None] = []
     batched: set[uuid.UUID] = set()

@@ -35,24 +35,23 @@ def node_try_xact_lock(node_id: uuid.UUID) -> ColumnElement[bool]:
     return func.pg_try_advisory_xact_lock(_NAMESPACE, func.hashtext(literal(str(node_id))))
 
 
-_NODES_OF_CREDENTIALS: Final = text(
+_TRY_NODES_OF_CREDENTIALS: Final = text(
     """
-    SELECT pg_advisory_xact_lock(:namespace, keys.key) FROM (
-        SELECT DISTINCT hashtext(c.node_id::text) AS key
-        FROM node_credentials AS c WHERE c.id = ANY(:ids)
-        -- Every taker of several node locks takes them in key order, so two of them
-        -- (the return batches of two API processes) never deadlock.
-        ORDER BY key
-    ) AS keys
+    SELECT c.id, pg_try_advisory_xact_lock(:namespace, hashtext(c.node_id::text)) AS locked
+    FROM node_credentials AS c WHERE c.id = ANY(:ids)
     """
 ).bindparams(bindparam("ids", type_=ARRAY(UUID(as_uuid=True))))
 
 
-async def lock_nodes_of_credentials(
+async def try_lock_nodes_of_credentials(
     session: AsyncSession, credential_ids: Sequence[uuid.UUID]
-) -> None:
-    """Wait for the node lock of every credential's node (the same lock as
-    node_xact_lock's); released at commit or rollback."""
-    await session.execute(
-        _NODES_OF_CREDENTIALS, {"namespace": _NAMESPACE, "ids": list(credential_ids)}
+) -> set[uuid.UUID]:
+    """Take the node lock (node_xact_lock's) of every credential's node that no one else
+    holds now, without waiting; the credential ids whose node this transaction now
+    holds. Never waiting, a batch of many nodes neither queues behind each node's own
+    transactions (a convoy: measured at 5,000 nodes, one second a batch) nor deadlocks
+    with another batch."""
+    rows = await session.execute(
+        _TRY_NODES_OF_CREDENTIALS, {"namespace": _NAMESPACE, "ids": list(credential_ids)}
     )
+    return {row.id for row in rows if row.locked}

@@ -35,7 +35,7 @@ from schemas.events import (
 from schemas.protocol import NODE_CREDENTIAL_PREFIX
 from store import changes, nodes, secrets
 from store.errors import Forbidden, NotOwned, StoreError, Unauthenticated
-from store.locks import lock_nodes_of_credentials, node_xact_lock
+from store.locks import node_xact_lock, try_lock_nodes_of_credentials
 from store.models import Node, NodeCredential
 
 
@@ -159,12 +159,13 @@ async def admit_locked(
     session: AsyncSession, presented: Sequence[secrets.PresentedSecret]
 ) -> list[AuthenticatedNode | None]:
     """Many credentials admitted at once under their nodes' locks (a batch of returning
-    heartbeats: store/heartbeat.py: record_returns), in order. One that would be refused
-    is None: its request is decided alone, which gives the typed answer. Each presented
-    secret is checked on its own, so a wrong secret is refused even beside the right one
-    for the same credential id."""
+    heartbeats: store/heartbeat.py: record_returns), in order. One that would be refused,
+    or whose node lock another transaction holds now, is None: its request is decided
+    alone, which waits for the lock and gives the typed answer. Each presented secret is
+    checked on its own, so a wrong secret is refused even beside the right one for the
+    same credential id."""
     ids = [p.id for p in presented]
-    await lock_nodes_of_credentials(session, ids)
+    locked = await try_lock_nodes_of_credentials(session, ids)
     rows = {
         row.credential_id: row
         for row in (await session.execute(_credentials().where(NodeCredential.id.in_(ids))))
@@ -172,7 +173,7 @@ async def admit_locked(
     admitted: list[AuthenticatedNode | None] = []
     for p in presented:
         row = rows.get(p.id)
-        if row is None or not secrets.matches(p.secret, row.digest):
+        if row is None or p.id not in locked or not secrets.matches(p.secret, row.digest):
             admitted.append(None)
             continue
         try:
