@@ -23,10 +23,7 @@ from schemas.protocol import (
     GATEWAY_MODELS,
     GATEWAY_PREFIX,
     HEARTBEAT,
-    INVOKE_STREAM,
     NODES,
-    NOTIFICATIONS,
-    RUNTIME_CHANNEL,
     SERVICE_CLIENTS,
 )
 from tests.admin_helpers import ok, refused
@@ -37,9 +34,6 @@ from tests.flows import enroll, heartbeat_body
 OPERATOR = OPERATOR_KEY.scheme_name
 NODE = NODE_BEARER.scheme_name
 SERVICE_CLIENT = SERVICE_CLIENT_BEARER.scheme_name
-# Agent routes that read the Authorization header themselves rather than through the
-# shared dependency (the held channels and the invoke stream): not yet in the document.
-_READ_THEMSELVES = {NOTIFICATIONS, RUNTIME_CHANNEL, INVOKE_STREAM}
 
 _ASSET_TYPES = {
     ".js": ("text/javascript", "application/javascript"),
@@ -91,12 +85,12 @@ def test_every_authenticated_operation_names_its_scheme() -> None:
         where = f"{method} {path}"
         if path.startswith(ADMIN_PREFIX):
             expected: list[dict[str, list[str]]] | None = [{OPERATOR: []}]
-        elif path.startswith(AGENT_PREFIX) and path != ENROLL and path not in _READ_THEMSELVES:
+        elif path.startswith(AGENT_PREFIX) and path != ENROLL:
             expected = [{NODE: []}]
         elif path.startswith(GATEWAY_PREFIX + "/"):
             expected = [{SERVICE_CLIENT: []}]
         else:
-            # Enrollment (its token is in the body), health, the held channels.
+            # Enrollment (its token is in the body), health.
             expected = None
         assert security == expected, where
         for requirement in security or []:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.deps import State, node_outside_transaction
+from api.deps import NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, error_responses
 from schemas.protocol import NOTIFICATIONS
 from store.errors import StoreError
@@ -34,9 +33,7 @@ router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "the stream"}},
 )
-async def job_notifications(
-    state: State, authorization: Annotated[str | None, Header()] = None
-) -> StreamingResponse:
+async def job_notifications(state: State, authorization: NodeAuthorization) -> StreamingResponse:
     """Held open: `event: job` whenever the node gets a job or a cancel. Polling
     `…/artifact-jobs/next` alone stays correct; this only cuts the latency."""
     node_id = (await node_outside_transaction(state, authorization)).node_id

@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import ClientDisconnect
 
-from api.deps import State, node_outside_transaction
+from api.deps import NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
 from api.gateway.relay import Ended, Opened, Verdict
 from schemas.base import SAFE_INT_MAX, WireModel
@@ -43,9 +43,7 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "the stream"}},
 )
-async def runtime_channel(
-    state: State, authorization: Annotated[str | None, Header()] = None
-) -> StreamingResponse:
+async def runtime_channel(state: State, authorization: NodeAuthorization) -> StreamingResponse:
     """Held open: `event: job` when the node gets a job or a cancel (as on the
     notification channel), `event: invoke` with a leased invoke, `event: cancel` when
     an invoke's client left."""
@@ -130,7 +128,7 @@ async def invoke_stream(
     epoch: Annotated[int, Header(alias=INVOKE_EPOCH_HEADER, ge=1, le=SAFE_INT_MAX)],
     gateway: Annotated[str, Header(alias=INVOKE_GATEWAY_HEADER, pattern=r"^[0-9a-f]{32}$")],
     status: Annotated[int, Header(alias=INVOKE_STATUS_HEADER, ge=100, le=599)],
-    authorization: Annotated[str | None, Header()] = None,
+    authorization: NodeAuthorization,
 ) -> StreamAnswer:
     """llama-server's answer to a leased invoke, as it comes (the request body), relayed
     to the gateway process that holds the client. Refused before any byte is read: an
