@@ -281,8 +281,10 @@ def test_liveness_on_read(api_factory: ApiFactory) -> None:
             [node.node_id, silent.node_id]
         )
 
+        # Recorded online still (no sweep runs here), the node is in the node cache and
+        # this heartbeat is routine: it lands with the next group commit, not at once.
         ok(beat(client, node))
-        assert get_node(client, api, node.node_id)["liveness"] == "online"
+        wait_until(lambda: liveness_is("online"), 10, "the node online again")
         assert get_node(client, api, silent.node_id)["liveness"] == "offline"
 
 
