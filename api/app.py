@@ -38,6 +38,7 @@ from api.notifications import notification_hub
 from api.presence import presence_beat
 from api.return_batch import return_batcher
 from api.settings import ApiSettings
+from api.shedding import LoadShedder
 from api.state import ApiState
 from api.telemetry_batch import telemetry_batcher
 from api.ui.routes import Assets, ui_router
@@ -66,6 +67,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     """held_streams: the registry the server ends when it begins to stop (api/server.py);
     a server that never calls close_all leaves held streams to end by themselves."""
     metrics = ApiMetrics()
+    shedder = LoadShedder(settings.shed_in_flight, settings.heartbeat_interval_s, metrics)
     held = held_streams if held_streams is not None else HeldStreams()
 
     @asynccontextmanager
@@ -113,6 +115,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     gap_s=settings.gap_s,
                     merge_within_s=settings.stale_after_s + settings.restart_grace_s,
                     listener=(settings.host, settings.port),
+                    shedder=shedder,
                 ),
             ):
                 app.state.modelforge = ApiState(
@@ -132,6 +135,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     telemetry=telemetry,
                     returns=returns,
                     events=events,
+                    shedder=shedder,
                 )
                 warming = asyncio.create_task(_warm(cache, sessions, heartbeats.observe))
                 # Serving starts after the lifespan's startup; with --processes the

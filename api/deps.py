@@ -32,7 +32,7 @@ from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from api.ui.session import admitted_by_session
 from schemas.errors import ErrorCode
-from schemas.protocol import ADMIN_HEADER, NODE_CREDENTIAL_PREFIX
+from schemas.protocol import ADMIN_HEADER, HEARTBEAT, NODE_CREDENTIAL_PREFIX
 from store import nodes, secrets, service_clients
 from store.node_credentials import AuthenticatedNode
 
@@ -111,20 +111,42 @@ async def node_outside_transaction(state: ApiState, authorization: str | None) -
         return await authenticate_node(session, authorization, serialize=False)
 
 
-async def _node_transaction(
-    state: State, authorization: NodeAuthorization
+@contextlib.asynccontextmanager
+async def _node_session(
+    state: ApiState, authorization: str | None, *, shed_as: str | None = None
 ) -> AsyncIterator[NodeRequest]:
     # A node in the node cache is admitted without the credential read and the node
     # lock: its stream row lock orders its samples, and a revocation, disable or
     # decommission reaches every replica's cache within milliseconds (the same bound
-    # as a routine heartbeat's). Anything else is authenticated under the node lock.
+    # as a routine heartbeat's). Anything else is authenticated under the node lock and,
+    # for the ingest routes (shed_as: the route), only while the transactional path is
+    # not overloaded (api/shedding.py).
     cached = cached_node(state, presented_credential(authorization))
-    async with state.sessions() as session, session.begin():
+    async with contextlib.AsyncExitStack() as stack:
+        if cached is None and shed_as is not None:
+            stack.enter_context(state.shedder.admitted(shed_as))
+        session = await stack.enter_async_context(state.sessions())
+        await stack.enter_async_context(session.begin())
         if cached is not None:
             node = admit_cached(cached, state.heartbeats.database_now())
         else:
             node = await authenticate_node(session, authorization)
         yield NodeRequest(session=session, node=node, state=state)
+
+
+async def _node_transaction(
+    state: State, authorization: NodeAuthorization
+) -> AsyncIterator[NodeRequest]:
+    async with _node_session(state, authorization) as request:
+        yield request
+
+
+async def _ingest_transaction(
+    state: State, authorization: NodeAuthorization, request: Request
+) -> AsyncIterator[NodeRequest]:
+    # The ingest routes have no path parameters: the path is the route (a metric label).
+    async with _node_session(state, authorization, shed_as=request.url.path) as node_request:
+        yield node_request
 
 
 async def _heartbeat_call(
@@ -137,12 +159,14 @@ async def _heartbeat_call(
     if cached is not None:
         yield HeartbeatCall(state, authorization, presented, cached=cached)
         return
-    if presented is not None:
-        # Returning (or new, or this process has not seen it): the batch decides it.
-        yield HeartbeatCall(state, authorization, presented, returning=True)
-        return
-    async with heartbeat_transaction(state, authorization, presented) as call:
-        yield call
+    # Not cached: the transactional path, while it is not overloaded (api/shedding.py).
+    with state.shedder.admitted(HEARTBEAT):
+        if presented is not None:
+            # Returning (or new, or this process has not seen it): the batch decides it.
+            yield HeartbeatCall(state, authorization, presented, returning=True)
+            return
+        async with heartbeat_transaction(state, authorization, presented) as call:
+            yield call
 
 
 async def require_operator(
@@ -176,5 +200,7 @@ async def _admin_transaction(
 
 Transaction = Annotated[AsyncSession, Depends(_transaction, scope="function")]
 NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="function")]
+# Inventory and telemetry: a node transaction that is shed when overloaded.
+IngestTransaction = Annotated[NodeRequest, Depends(_ingest_transaction, scope="function")]
 HeartbeatContext = Annotated[HeartbeatCall, Depends(_heartbeat_call, scope="function")]
 AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]

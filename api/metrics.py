@@ -35,7 +35,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from schemas.agent import IngestResult
@@ -111,6 +111,19 @@ class ApiMetrics:
         self.returns_batched = Counter(
             "modelforge_heartbeat_returns_batched",
             "Returning nodes' heartbeats those transactions recorded",
+            registry=self.registry,
+        )
+        self.requests_shed = Counter(
+            "modelforge_requests_shed",
+            "Node requests refused with 429 because too many were waiting for the database"
+            " (api/shedding.py), by route",
+            ["route"],
+            registry=self.registry,
+        )
+        self.requests_waiting = Gauge(
+            "modelforge_node_requests_waiting",
+            "Node requests in flight on the transactional path (the load shedder's count)",
+            multiprocess_mode="livesum",
             registry=self.registry,
         )
         self.heartbeats_flushed = Counter(

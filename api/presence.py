@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.background import background
+from api.shedding import LoadShedder
 from store.fleet import beat
 
 logger = logging.getLogger("modelforge.api.presence")
@@ -48,22 +50,28 @@ async def _beat_forever(
     gap_s: float,
     merge_within_s: float,
     listener: tuple[str, int],
+    shedder: LoadShedder | None,
 ) -> None:
     failing = False
     host, port = _client_host(listener[0]), listener[1]
+    # Refusals since this moment are not reported yet (kept over failed beats).
+    unreported_since = time.monotonic()
     while True:
         if not await _listening(host, port):
             # Starting up (not bound yet) or shutting down (closed): no beat either way.
             await asyncio.sleep(period_s)
             continue
+        beginning = time.monotonic()
+        shed = shedder is not None and shedder.shed_since(unreported_since)
         try:
             async with sessions() as session, session.begin():
-                resumed = await beat(session, gap_s=gap_s, merge_within_s=merge_within_s)
+                resumed = await beat(session, gap_s=gap_s, merge_within_s=merge_within_s, shed=shed)
         except (SQLAlchemyError, OSError) as exc:
             if not failing:
                 logger.warning("presence beat failed (%s); retrying", type(exc).__name__)
             failing = True
         else:
+            unreported_since = beginning
             if resumed:
                 logger.warning("no API was present for a while: restart grace applies")
             failing = False
@@ -78,9 +86,11 @@ async def presence_beat(
     gap_s: float,
     merge_within_s: float,
     listener: tuple[str, int],
+    shedder: LoadShedder | None = None,
 ) -> AsyncIterator[None]:
     """merge_within_s: an outage that begins this soon after the last one ended is
-    recorded as one with it (store/fleet.py: beat)."""
-    beats = _beat_forever(sessions, period_s, gap_s, merge_within_s, listener)
+    recorded as one with it (store/fleet.py: beat). shedder: whose refusals each beat
+    reports, so the sweepers hold liveness while the API sheds (api/shedding.py)."""
+    beats = _beat_forever(sessions, period_s, gap_s, merge_within_s, listener, shedder)
     async with background(beats, "presence"):
         yield

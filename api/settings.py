@@ -41,6 +41,11 @@ class ApiSettings(LeaseSettings):
     # connection and it is always the client that closes an idle one.
     keep_alive_s: float = Field(default=30.0, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
+    # Load shedding (api/shedding.py): past this many node requests of one process in
+    # flight on the transactional path, heartbeats of uncached nodes, inventory and
+    # telemetry are answered 429 with Retry-After (spread up to a heartbeat interval)
+    # until half of them drained. 0: never shed.
+    shed_in_flight: int = Field(default=256, ge=0)
     # Routine heartbeats skip the database (api/node_cache.py, api/heartbeat_buffer.py):
     # their timestamps are written together every heartbeat_flush_interval_s (None:
     # 0.25 s, at most a tenth of STALE_AFTER_S; at most a quarter of it if set). A crash

@@ -18,6 +18,7 @@ from api.metrics import ApiMetrics
 from api.node_cache import NodeCache
 from api.notifications import NotificationHub
 from api.settings import ApiSettings
+from api.shedding import LoadShedder
 from broker.jetstream.names import Names
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
@@ -49,6 +50,8 @@ class ApiState:
     returns: ReturnBatcher
     # The operators' event stream (api/admin/events.py).
     events: EventFanout
+    # Refuses node requests past the transactional path's bound (api/shedding.py).
+    shedder: LoadShedder
 
     @property
     def leases(self) -> LeasePolicy:

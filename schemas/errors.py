@@ -79,6 +79,9 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     CONCURRENCY_LIMITED = "concurrency_limited"
     DEPLOYMENT_BUSY = "deployment_busy"
+    # The control plane sheds load: too many node requests wait for the database
+    # (api/shedding.py); Retry-After says when to come back.
+    OVERLOADED = "overloaded"
     # 500 / 502 / 503 / 504
     # The gateway: deployments serve it, but none is ready (or reachable) right now.
     NO_READY_DEPLOYMENT = "no_ready_deployment"

@@ -66,7 +66,12 @@ class PartitionBreaker:
 
 
 async def beat(
-    session: AsyncSession, *, gap_s: float, merge_within_s: float = 0.0, component: str = API
+    session: AsyncSession,
+    *,
+    gap_s: float,
+    merge_within_s: float = 0.0,
+    component: str = API,
+    shed: bool = False,
 ) -> bool:
     """Refresh the presence row; True when this refresh ended an outage.
 
@@ -77,7 +82,10 @@ async def beat(
     replaced the first one's shift with its own short one, and the nodes not heard again
     yet would have gone stale at once. The span between counts as silent too, which
     only delays an offline (the safe way). The API passes stale_after + restart_grace:
-    past that, every returning node has been heard or is rightly silent."""
+    past that, every returning node has been heard or is rightly silent.
+
+    shed: this process refused node requests since its last beat (api/shedding.py);
+    recorded as `shed_at`, which holds the sweepers (`shedding_recently`)."""
     now = func.statement_timestamp()
     table = ControlPlanePresence
     absent = table.last_seen_at < now - seconds(gap_s)
@@ -89,7 +97,13 @@ async def beat(
     )
     statement = (
         insert(table)
-        .values(component=component, last_seen_at=now, down_since=now, resumed_at=now)
+        .values(
+            component=component,
+            last_seen_at=now,
+            down_since=now,
+            resumed_at=now,
+            shed_at=now if shed else None,
+        )
         .on_conflict_do_update(
             index_elements=[table.component],
             # The right-hand sides read the row as it was before this update.
@@ -99,6 +113,7 @@ async def beat(
                 ),
                 "resumed_at": case((absent, now), else_=table.resumed_at),
                 "last_seen_at": now,
+                **({"shed_at": now} if shed else {}),
             },
         )
         .returning(and_(table.resumed_at == now, table.resumed_at > table.down_since))
@@ -116,6 +131,21 @@ async def api_present(session: AsyncSession, *, gap_s: float) -> bool:
         await session.execute(select(fresh).where(ControlPlanePresence.component == API))
     ).scalar_one_or_none()
     return row is None or bool(row)
+
+
+async def shedding_recently(session: AsyncSession, *, within_s: float) -> bool:
+    """True while an API process reported shedding load within the last `within_s`.
+
+    A shed heartbeat is one the control plane refused to hear, so the silence it leaves
+    is not the node's: the sweepers record nothing meanwhile. Held for a whole stale
+    threshold after the last refusal (the hysteresis), so every node refused during the
+    overload is heard again (Retry-After is at most a heartbeat interval) before its
+    silence counts again.
+    """
+    p = ControlPlanePresence
+    recent = p.shed_at >= func.statement_timestamp() - seconds(within_s)
+    row = (await session.execute(select(recent).where(p.component == API))).scalar_one_or_none()
+    return bool(row)
 
 
 async def presence(session: AsyncSession) -> ControlPlanePresence | None:

@@ -215,6 +215,9 @@ class ControlPlanePresence(Base):
     last_seen_at: Mapped[datetime]
     down_since: Mapped[datetime]
     resumed_at: Mapped[datetime]
+    # The last time an API process reported that it shed load (api/shedding.py): the
+    # sweepers record no liveness change for a stale threshold after it.
+    shed_at: Mapped[datetime | None]
 
 
 class FleetIncident(Base):

@@ -7,8 +7,10 @@ lock from fresh state, so a transition is recorded once. Disabled and decommissi
 nodes are never touched.
 
 Fleet safety (store/fleet.py) comes first in every sweep: with no API present nothing
-is recorded (nobody could hear the heartbeats), and while the partition breaker holds,
-no node goes offline (one due offline from online is recorded stale instead).
+is recorded (nobody could hear the heartbeats); nor while an API process shed load
+within the last stale threshold (the silence may be its refusals: api/shedding.py);
+and while the partition breaker holds, no node goes offline (one due offline from
+online is recorded stale instead).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sqlalchemy import and_, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.admin import Liveness
-from store.fleet import PartitionBreaker, api_present, evaluate_partition
+from store.fleet import PartitionBreaker, api_present, evaluate_partition, shedding_recently
 from store.liveness import LivenessThresholds, liveness_expression, record_transition
 from store.locks import node_try_xact_lock
 from store.models import Node
@@ -108,6 +110,9 @@ async def sweep(
     """Record every due transition; each batch commits on its own (keyset by node id)."""
     async with sessions() as session, session.begin():
         if not await api_present(session, gap_s=thresholds.presence_gap_s):
+            return []
+        if await shedding_recently(session, within_s=thresholds.stale_after_s):
+            # The silence may be our own refusals (api/shedding.py), not the nodes'.
             return []
         hold = await evaluate_partition(session, thresholds, breaker or PartitionBreaker())
     done: list[Transition] = []

@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
 from api.agent.heartbeat import handle_heartbeat
-from api.deps import HeartbeatContext, NodeTransaction, State, Transaction
+from api.deps import HeartbeatContext, IngestTransaction, State, Transaction
 from api.errors import error_responses
 from api.metrics import counted_ingest
 from schemas.agent import (
@@ -28,6 +28,8 @@ from store.ingest import ingest_inventory, ingest_telemetry
 # disabled node or another node's object (403); enrollment has no node yet.
 _ERRORS = error_responses(401, 409, 413, 422, 503)
 NODE_ROUTE = error_responses(403)
+# The fleet routes that shed load when the transactional path is overloaded (api/shedding.py).
+SHEDDING_ROUTE = error_responses(403, 429)
 
 router = APIRouter(tags=["agent"], responses=_ERRORS)
 
@@ -37,13 +39,13 @@ async def enroll_node(body: EnrollRequest, session: Transaction, state: State) -
     return await enroll(session, body, heartbeat_interval_s=state.settings.heartbeat_interval_s)
 
 
-@router.post(HEARTBEAT, responses=NODE_ROUTE)
+@router.post(HEARTBEAT, responses=SHEDDING_ROUTE)
 async def heartbeat(body: HeartbeatRequest, call: HeartbeatContext) -> HeartbeatResponse:
     return await handle_heartbeat(call, body)
 
 
-@router.put(INVENTORY, responses=NODE_ROUTE)
-async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestResult:
+@router.put(INVENTORY, responses=SHEDDING_ROUTE)
+async def inventory(body: InventoryReport, request: IngestTransaction) -> IngestResult:
     with counted_ingest(request.state.metrics, StreamName.INVENTORY) as count:
         return count(
             await ingest_inventory(
@@ -55,8 +57,8 @@ async def inventory(body: InventoryReport, request: NodeTransaction) -> IngestRe
         )
 
 
-@router.put(TELEMETRY, responses=NODE_ROUTE)
-async def telemetry(body: TelemetryReport, request: NodeTransaction) -> IngestResult:
+@router.put(TELEMETRY, responses=SHEDDING_ROUTE)
+async def telemetry(body: TelemetryReport, request: IngestTransaction) -> IngestResult:
     with counted_ingest(request.state.metrics, StreamName.TELEMETRY) as count:
         return count(
             await ingest_telemetry(
