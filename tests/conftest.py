@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.up_process",
     "tests.worker_processes",
     "tests.hub_server",
+    "tests.node_locks",
 ]
 
 SCHEMATHESIS = Path(__file__).resolve().parent / "test_schemathesis.py"

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.errors import TooManyRequests
@@ -27,11 +27,11 @@ from api.shedding import LoadShedder
 from schemas.protocol import NODES, TELEMETRY
 from store.fleet import beat, shedding_recently
 from store.liveness import LivenessThresholds
-from store.locks import node_xact_lock
 from tests.admin_helpers import refused
 from tests.api_processes import metric
 from tests.api_server import ApiFactory
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body, telemetry_body
+from tests.node_locks import HoldNodeLock
 from tests.services import db_fetch
 from workers.liveness import sweep
 
@@ -50,39 +50,6 @@ async def shedding_recently_now(
 ) -> bool:
     async with sessions() as session, session.begin():
         return await shedding_recently(session, within_s=within_s)
-
-
-async def _holding_node_lock(
-    sessions: async_sessionmaker[AsyncSession],
-    node_id: str,
-    held: asyncio.Event,
-    release: asyncio.Event,
-) -> None:
-    async with sessions() as session, session.begin():
-        await session.execute(select(node_xact_lock(uuid.UUID(node_id))))
-        held.set()
-        await release.wait()
-
-
-@pytest.fixture
-async def lock_holder(
-    sessions: async_sessionmaker[AsyncSession],
-) -> AsyncIterator[Callable[[str], Awaitable[asyncio.Event]]]:
-    """Hold a node's lock from a session of the test's own until the event is set."""
-    tasks: list[asyncio.Task[None]] = []
-    releases: list[asyncio.Event] = []
-
-    async def hold(node_id: str) -> asyncio.Event:
-        held, release = asyncio.Event(), asyncio.Event()
-        releases.append(release)
-        tasks.append(asyncio.create_task(_holding_node_lock(sessions, node_id, held, release)))
-        await asyncio.wait_for(held.wait(), 20)
-        return release
-
-    yield hold
-    for release in releases:
-        release.set()
-    await asyncio.gather(*tasks)
 
 
 def test_admission_sheds_at_the_bound_and_resumes_only_once_half_drained() -> None:
@@ -108,7 +75,7 @@ def test_admission_sheds_at_the_bound_and_resumes_only_once_half_drained() -> No
 async def test_overload_is_refused_with_retry_after_and_routine_heartbeats_still_answer(
     api_factory: ApiFactory,
     sessions: async_sessionmaker[AsyncSession],
-    lock_holder: Callable[[str], Awaitable[asyncio.Event]],
+    lock_holder: HoldNodeLock,
     database_url: str,
 ) -> None:
     api = api_factory(shed_in_flight=1, presence_period_s=0.1)
