@@ -68,6 +68,10 @@ class SizeResult:
     storm: Storm | None = None
     telemetry_ms: tuple[float, float] | None = None
     loop: str = ""
+    # Node requests the API refused 429 overloaded (api/shedding.py), warm-up included:
+    # counted among wrk's non-2xx errors too.
+    shed: float = 0.0
+    steady_gc: str = ""
 
     def lines(self) -> list[str]:
         per = 1000 / self.nodes * 60 / self.steady_s if self.steady_s else 0.0
@@ -90,9 +94,11 @@ class SizeResult:
                 else []
             ),
             *([f"  errors: {self.error_kinds}"] if self.error_kinds else []),
+            *([f"  shed (429 overloaded, among the errors): {self.shed:.0f}"] if self.shed else []),
             f"  false stale/offline transitions: {self.false_transitions}",
             f"  CPU s per 1,000 nodes per minute: {cpu}; API RSS {self.api_rss_mib:.0f} MiB",
             *([f"  API: {self.loop}"] if self.loop else []),
+            *([f"  API: {self.steady_gc}"] if self.steady_gc else []),
             *([self.storm.line()] if self.storm else []),
         ]
 
@@ -134,6 +140,12 @@ def run_size(
         storm=storm,
         telemetry_ms=driven.telemetry_ms,
         loop=loop_figures.loop_line(metrics),
+        steady_gc=driven.steady_gc,
+        shed=sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("modelforge_requests_shed_total{")
+        ),
     )
 
 

@@ -21,6 +21,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import heartbeats as hb  # noqa: E402  (sibling bench module: processes, database)
+import loop_figures  # noqa: E402
 import wrk_fleet  # noqa: E402
 from fleet_stack import HEARTBEAT_S, Window, metric  # noqa: E402
 
@@ -43,6 +44,8 @@ class Driven:
     telemetry_ms: tuple[float, float] | None = None
     # wrk: the errors by phase and kind.
     error_kinds: str = ""
+    # wrk: the API's full collections in the steady window (ops/bench/loop_figures.py).
+    steady_gc: str = ""
     # wrk: starts the fleet's heartbeats and telemetry for a given time (the storm).
     fleet_for: Callable[[float], list[subprocess.Popen[str]]] | None = None
 
@@ -141,11 +144,15 @@ async def _enroll_with_inventory(
 
     async def send(client: httpx.AsyncClient, node: hb.Node) -> None:
         async with gate:
-            response = await client.put(
-                INVENTORY,
-                json=_inventory(node, gpus[node.node_id]),
-                headers={"Authorization": f"Bearer {node.credential}"},
-            )
+            while True:
+                response = await client.put(
+                    INVENTORY,
+                    json=_inventory(node, gpus[node.node_id]),
+                    headers={"Authorization": f"Bearer {node.credential}"},
+                )
+                if response.status_code != 429:  # shed (api/shedding.py): as an agent does
+                    break
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
             response.raise_for_status()
 
     async with hb.async_client(api_url, 32) as client:
@@ -220,9 +227,12 @@ def drive_wrk(
         proc.send_signal(signal.SIGINT)  # wrk stops and prints its summary
     warm_results = [wrk_fleet.result(proc, 60) for proc in warm]
     measured = both(args.duration)
+    before = httpx.get(f"{api_url}/metrics", timeout=10).text
     window.open([proc.pid for proc in measured])
     time.sleep(max(0.0, args.duration - 2))
     window.close([proc.pid for proc in measured])
+    after = httpx.get(f"{api_url}/metrics", timeout=10).text
+    steady_gc = loop_figures.steady_gc_line(before, after)
     beat, telemetry = (wrk_fleet.result(proc, args.duration + 60) for proc in measured)
     return Driven(
         enrolled=len(fleet),
@@ -234,6 +244,7 @@ def drive_wrk(
         settle_s=settled_s,
         telemetry_ms=(telemetry.p50_s * 1e3, telemetry.p99_s * 1e3),
         fleet_for=both,
+        steady_gc=steady_gc,
         error_kinds="; ".join(
             f"{phase} {result.described()}"
             for phase, result in [

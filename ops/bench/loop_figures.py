@@ -69,3 +69,15 @@ def loop_line(text: str) -> str:
     else:
         line += "; GC gen2: no pauses"
     return line
+
+
+def steady_gc_line(before: str, after: str) -> str:
+    """Full collections between two scrapes (the steady window), e.g.
+    "GC gen2 in the steady window: 9 pauses, mean 41 ms, 0.4 % of the time"."""
+    _, count0, sum0 = _histogram(before, "modelforge_gc_pause_seconds", generation="2")
+    _, count1, sum1 = _histogram(after, "modelforge_gc_pause_seconds", generation="2")
+    pauses, paused_s = count1 - count0, sum1 - sum0
+    if not pauses:
+        return "GC gen2 in the steady window: no pauses"
+    mean_ms = paused_s / pauses * 1e3
+    return f"GC gen2 in the steady window: {pauses:.0f} pauses, mean {mean_ms:.0f} ms"
