@@ -9,8 +9,9 @@ JobEvent), so that only the node's loop for that kind claims. A notification is 
 carries no work, and a node that missed one (no channel open, NATS down, its queue full)
 still finds the job on its next poll of `…/next`.
 
-The subscription is kept by a background task that reconnects with backoff, so the API
-starts and serves agents while NATS is down; channels then simply stay quiet.
+The subscription is kept by a background task that reconnects with backoff
+(api/nats_subscription.py), so the API starts and serves agents while NATS is down;
+channels then simply stay quiet.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Final
 
-import nats
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from broker.jetstream.settings import nats_servers
+from api.nats_subscription import subscribe_forever
 from schemas.events import SUBJECT_PREFIX, EventType
 
 logger = logging.getLogger("modelforge.api.notifications")
@@ -41,8 +40,13 @@ QUEUE_SIZE: Final = 8
 class NotificationHub:
     def __init__(self) -> None:
         self._channels: dict[uuid.UUID, set[asyncio.Queue[str]]] = {}
-        self.connected = False
+        # Set while NATS holds the subscription (api/nats_subscription.py).
+        self._subscribed = asyncio.Event()
         self.delivered = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._subscribed.is_set()
 
     @property
     def open_channels(self) -> int:
@@ -87,46 +91,17 @@ class NotificationHub:
 
     async def run(self, nats_url: str, stop: asyncio.Event) -> None:
         """Hold the subscription until `stop`, reconnecting with backoff."""
-        delay = 0.5
-        while not stop.is_set():
-            nc: NatsClient | None = None
-            try:
-                nc = await asyncio.wait_for(
-                    nats.connect(
-                        servers=nats_servers(nats_url),
-                        allow_reconnect=False,
-                        max_reconnect_attempts=1,
-                        connect_timeout=2,
-                        name="modelforge-api-notifications",
-                        error_cb=_quiet,
-                    ),
-                    5,
-                )
-                await nc.subscribe(SUBJECTS, cb=self._on_message)
-                self.connected = True
-                delay = 0.5
-                logger.info("relaying job notifications from %s", SUBJECTS)
-                while not stop.is_set() and nc.is_connected:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), 1.0)
-            except (OSError, TimeoutError, nats.errors.Error) as exc:
-                logger.debug("notifications: NATS unavailable (%s)", type(exc).__name__)
-            finally:
-                if self.connected and not stop.is_set():
-                    logger.warning("job notifications paused: NATS connection lost")
-                self.connected = False
-                if nc is not None and not nc.is_closed:
-                    with contextlib.suppress(Exception):
-                        await nc.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-            delay = min(delay * 2, 10.0)
-
-
-async def _quiet(error: Exception) -> None:
-    # Instead of nats-py's traceback per failed attempt (e.g. a cluster member that is
-    # down); run() reports the outcome.
-    logger.debug("notifications: nats: %s", error)
+        await subscribe_forever(
+            nats_url,
+            SUBJECTS,
+            self._on_message,
+            ready=self._subscribed,
+            stop=stop,
+            client_name="modelforge-api-notifications",
+            label="job notifications",
+            logger=logger,
+            announce=True,
+        )
 
 
 @contextlib.asynccontextmanager

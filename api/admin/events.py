@@ -31,14 +31,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Annotated, Final
 
-import nats
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from api.deps import State
-from broker.jetstream.settings import nats_servers
+from api.nats_subscription import subscribe_forever
 from schemas.base import FilterText
 from schemas.events import SUBJECT_PREFIX
 from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW
@@ -186,57 +184,19 @@ class _Run:
     @classmethod
     def start(cls, nats_url: str, callback: Callable[[Msg], Awaitable[None]]) -> _Run:
         ready, stop = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(subscribe_forever(nats_url, SUBJECTS, callback, ready, stop))
-        return cls(task, ready, stop)
-
-
-async def subscribe_forever(
-    nats_url: str,
-    subject: str,
-    callback: Callable[[Msg], Awaitable[None]],
-    ready: asyncio.Event,
-    stop: asyncio.Event,
-) -> None:
-    """Hold a core subscription until `stop`, reconnecting with backoff; `ready` is set
-    while the server has the subscription."""
-    delay = 0.5
-    while not stop.is_set():
-        nc: NatsClient | None = None
-        try:
-            nc = await asyncio.wait_for(
-                nats.connect(
-                    servers=nats_servers(nats_url),
-                    allow_reconnect=False,
-                    max_reconnect_attempts=1,
-                    connect_timeout=2,
-                    name="modelforge-api-admin-events",
-                    error_cb=_quiet,
-                ),
-                5,
+        task = asyncio.create_task(
+            subscribe_forever(
+                nats_url,
+                SUBJECTS,
+                callback,
+                ready=ready,
+                stop=stop,
+                client_name="modelforge-api-admin-events",
+                label="admin events",
+                logger=logger,
             )
-            await nc.subscribe(subject, cb=callback)
-            # Registered on the server once the flush returns: a viewer told "connected"
-            # then sees every event published from that moment.
-            await nc.flush(timeout=2)
-            ready.set()
-            delay = 0.5
-            while not stop.is_set() and nc.is_connected:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-        except (OSError, TimeoutError, nats.errors.Error) as exc:
-            logger.debug("admin events: NATS unavailable (%s)", type(exc).__name__)
-        finally:
-            ready.clear()
-            if nc is not None and not nc.is_closed:
-                with contextlib.suppress(Exception):
-                    await nc.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, 10.0)
-
-
-async def _quiet(error: Exception) -> None:
-    logger.debug("admin events: nats: %s", error)
+        )
+        return cls(task, ready, stop)
 
 
 @contextlib.asynccontextmanager
