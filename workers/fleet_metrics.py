@@ -17,16 +17,12 @@ an alert on stale gauges looks at.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
 from collections.abc import Iterable
 from datetime import timedelta
 
-import dramatiq
-from dramatiq.asyncio import get_event_loop_thread
-from dramatiq.middleware import Middleware
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import Executable, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -39,6 +35,7 @@ from store.deployment_tables import Deployment
 from store.fleet import partition_hold_active
 from store.models import Job, Node, OutboxEvent
 from workers.database import Database
+from workers.services import LoopService
 
 logger = logging.getLogger("modelforge.workers.fleet_metrics")
 
@@ -208,27 +205,23 @@ async def _outbox(session: AsyncSession) -> tuple[float, float]:
     return float(count), max(0.0, float(oldest)) if oldest is not None else 0.0
 
 
-class FleetMetricsMiddleware(Middleware):
+class FleetMetricsMiddleware(LoopService):
     """Refreshes the gauges every `period_s` on the actors' loop, from worker boot to
     shutdown. Must come after AsyncResourceMiddleware (it uses the shared database)."""
+
+    description = "the fleet gauges"
+    stop_timeout_s = 10.0
+    log = logger
 
     def __init__(
         self, database: AsyncResource[Database], gauges: FleetGauges, period_s: float = PERIOD_S
     ) -> None:
+        super().__init__()
         self._database = database
         self._gauges = gauges
         self._period_s = period_s
-        self._stop: asyncio.Event | None = None
-        self._running: concurrent.futures.Future[None] | None = None
 
-    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        thread = get_event_loop_thread()
-        if thread is None:
-            raise RuntimeError("FleetMetricsMiddleware needs the AsyncIO middleware")
-        self._stop = asyncio.Event()
-        self._running = asyncio.run_coroutine_threadsafe(self._run(self._stop), thread.loop)
-
-    async def _run(self, stop: asyncio.Event) -> None:
+    async def serve(self, stop: asyncio.Event) -> None:
         sessions = self._database.get().sessions
         while not stop.is_set():
             try:
@@ -238,14 +231,3 @@ class FleetMetricsMiddleware(Middleware):
                 logger.warning("fleet gauges not refreshed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._period_s)
-
-    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        thread = get_event_loop_thread()
-        if thread is None or self._running is None:
-            return
-        if self._stop is not None:
-            thread.loop.call_soon_threadsafe(self._stop.set)
-        try:
-            self._running.result(timeout=10)
-        except Exception:
-            logger.exception("the fleet gauges did not stop cleanly")
