@@ -116,9 +116,10 @@ class _Read:
 
 async def _read(session: AsyncSession, node_id: uuid.UUID, *, lock: bool) -> _Read:
     """The plan as the database has it now. lock=True (execute, under the node's lock):
-    its jobs and deployments locked too, in the order the agent routes take them (the
-    job, then the deployment: store/deployments.py), so none moves between the check
-    and the change; a claim or report in flight commits first and is seen."""
+    its jobs and deployments locked too, in the lock order every transaction of the node
+    follows (the node, its jobs, then its deployments: store/locks.py), so none moves
+    between the check and the change; a claim, a report or a drain in flight commits
+    first and is seen."""
     jobs_query, deployments_query = _open_jobs(node_id), _live_deployments(node_id)
     if lock:
         jobs_query = jobs_query.with_for_update().execution_options(populate_existing=True)

@@ -11,7 +11,8 @@ Every job is one of the shared leases (store/leases.py); this module only decide
 each settled job means for its deployment (`on_claimed`, `on_settled`, called by the
 agent routes in the same transaction as the settle) and what the periodic reconciler
 (workers/deployments.py) does where no report came (`reconcile_one`). Lock order, as
-the agent routes take it: the node, then the job, then the deployment.
+every transaction here, the agent routes and a decommission take it (store/locks.py):
+the node, then the job, then the deployment.
 """
 
 from __future__ import annotations
@@ -231,10 +232,12 @@ async def _queue_target(
     return job
 
 
-async def _current_job(session: AsyncSession, deployment: Deployment) -> Job | None:
+async def _current_job(
+    session: AsyncSession, deployment: Deployment, *, lock: bool = False
+) -> Job | None:
     if deployment.job_id is None:
         return None
-    return await session.get(Job, deployment.job_id)
+    return await session.get(Job, deployment.job_id, with_for_update=lock, populate_existing=lock)
 
 
 def _active(job: Job | None) -> bool:
@@ -250,6 +253,15 @@ async def drain(
     """No new invokes from now on (the gateway routes only `ready` ones); the drain job
     lets those in flight finish up to the deadline, then unloads. A deadline of 0 (the
     unload route) cuts them at once. 409 for a deployment that already ended."""
+    # In the lock order (store/locks.py): the node, then the job, then the deployment.
+    # The deployment first deadlocked with a decommission of its node, which holds the
+    # node and its jobs when it comes to lock the node's deployments.
+    probe = await get(session, deployment_id)
+    node = await nodes.lock(session, probe.node_id)
+    # Read again under the node's lock, which every change of its job holds: the job
+    # it names now is the one to lock.
+    await session.refresh(probe)
+    current = await _current_job(session, probe, lock=True)
     deployment = await get(session, deployment_id, lock=True)
     if deployment.state in ENDED:
         raise Conflict(
@@ -258,7 +270,6 @@ async def drain(
             extra={"state": deployment.state},
         )
     now = await nodes.now(session)
-    current = await _current_job(session, deployment)
     if _active(current) and current is not None:
         tearing_down = current.kind in (JobKind.DEPLOYMENT_DRAIN, JobKind.DEPLOYMENT_UNLOAD)
         if tearing_down and deadline_s >= (deployment.drain_deadline_s or 0):
@@ -266,7 +277,6 @@ async def drain(
         leases.request_cancel(session, current, now, actor=actor)
     deployment.drain_deadline_s = deadline_s
     transition(session, deployment, DeploymentState.DRAINING, now, reason="operator", actor=actor)
-    node = await session.get(Node, deployment.node_id)
     if node is None or nodes.is_terminal(node) or not node.enabled:
         # Nothing there to unload through the protocol (its credential is refused).
         transition(

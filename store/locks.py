@@ -4,6 +4,22 @@ Every transaction that may emit events for a node takes this lock before it read
 the node's state, so two transactions of one node never interleave their outbox
 inserts: the outbox position order (which the relay publishes in) is then each
 node's commit order.
+
+Lock order. A transaction that locks more than one of a node's rows takes them in this
+order, and never the other way round:
+
+1. the node's event lock (node_xact_lock), then the node's row (store/nodes.py: lock);
+2. the node's jobs (FOR UPDATE, in id order when several);
+3. the node's deployments (FOR UPDATE, in id order when several).
+
+The agent routes (claim, report, settle: the job, then its deployment), a decommission
+(store/decommission.py: the node, its open jobs, its live deployments), a drain or an
+unload (store/deployments.py: drain) and the reconciler (store/deployments.py:
+reconcile_one) all follow it. A drain used to lock its deployment before anything else,
+and then deadlocked with a decommission of the node (tests/test_decommission_drain_race.py).
+A transaction that does not take the node's lock may still lock rows of level 2 or 3
+only if it never waits for another lock while holding them (leases.expire_due takes jobs
+with SKIP LOCKED and only updates them).
 """
 
 from __future__ import annotations
