@@ -25,15 +25,16 @@ from collections.abc import AsyncIterator, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.agent.heartbeat import cache_entry
 from api.background import background
 from api.group_commit import GroupCommit
 from api.heartbeat_buffer import HeartbeatBuffer
 from api.metrics import ApiMetrics
-from api.node_cache import CachedNode, NodeCache
+from api.node_cache import NodeCache
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
 from store import heartbeat
 from store.heartbeat import Returning
-from store.secrets import PresentedSecret, digest
+from store.secrets import PresentedSecret
 
 logger = logging.getLogger("modelforge.api.returns")
 
@@ -82,17 +83,7 @@ class ReturnBatcher:
                 continue
             answers.append(heartbeat.answer(node.node_id, node.received_at, self._interval_s))
             if self._cache is not None:
-                self._cache.remember(
-                    CachedNode(
-                        node_id=node.node_id,
-                        credential_id=node.credential_id,
-                        digest=digest(item.presented.secret),
-                        agent_version=item.request.agent_version,
-                        protocol_version=item.request.protocol_version,
-                        capabilities=tuple(sorted(set(item.request.capabilities))),
-                    ),
-                    generation,
-                )
+                self._cache.remember(cache_entry(node, item.presented, item.request), generation)
         written = [node for node in decided if node is not None]
         if written:
             self._heartbeats.observe(written[0].received_at)
