@@ -20,6 +20,7 @@ from rich.progress import (
 
 from cli.admin.client import AdminFailure
 from cli.admin.context import JsonOption, LimitOption, admin, output
+from cli.admin.listing import NodeFilter, StateFilter, show_jobs
 from cli.admin.output import Column, Output
 from cli.admin.watch import follow
 from schemas.artifacts import ArtifactJobList, ArtifactJobView, ArtifactManifest, CreateArtifactJob
@@ -98,21 +99,21 @@ def create(
 @app.command("list")
 def list_jobs(
     ctx: typer.Context,
-    node: Annotated[uuid.UUID | None, typer.Option(help="only this node's")] = None,
-    state: Annotated[list[JobState] | None, typer.Option(help="repeatable")] = None,
+    node: NodeFilter = None,
+    state: StateFilter = None,
     limit: LimitOption = 100,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        jobs = client.get(
-            ArtifactJobList,
-            ARTIFACT_JOBS,
-            node_id=node,
-            state=[s.value for s in state or []],
-            limit=limit,
-        )
-    out.table(jobs, jobs.items, JOB_COLUMNS)
+    show_jobs(
+        ctx,
+        ArtifactJobList,
+        ARTIFACT_JOBS,
+        JOB_COLUMNS,
+        node=node,
+        state=state,
+        limit=limit,
+        json=json,
+    )
 
 
 @app.command("get")

@@ -12,8 +12,9 @@ import typer
 
 from cli.admin.bodies import read_body
 from cli.admin.context import JsonOption, LimitOption, admin, output
+from cli.admin.listing import NodeFilter, StateFilter, show_jobs
 from cli.admin.output import Column
-from schemas.jobs import JobState, JobView
+from schemas.jobs import JobView
 from schemas.protocol import RUNTIME_ENVIRONMENTS, RUNTIME_EVIDENCE, RUNTIME_JOBS, RUNTIME_PROFILES
 from schemas.runtime import (
     EvidenceList,
@@ -114,21 +115,21 @@ def list_environments(ctx: typer.Context, json: JsonOption = False) -> None:
 @probes.command("list")
 def list_probes(
     ctx: typer.Context,
-    node: Annotated[uuid.UUID | None, typer.Option()] = None,
-    state: Annotated[list[JobState] | None, typer.Option(help="repeatable")] = None,
+    node: NodeFilter = None,
+    state: StateFilter = None,
     limit: LimitOption = 100,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(
-            RuntimeJobList,
-            RUNTIME_JOBS,
-            node_id=node,
-            state=[s.value for s in state or []],
-            limit=limit,
-        )
-    out.table(found, found.items, JOB_COLUMNS)
+    show_jobs(
+        ctx,
+        RuntimeJobList,
+        RUNTIME_JOBS,
+        JOB_COLUMNS,
+        node=node,
+        state=state,
+        limit=limit,
+        json=json,
+    )
 
 
 def _job_answer(method: str, path: str, ctx: typer.Context, json: bool, body: Any = None) -> None:
