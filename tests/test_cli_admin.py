@@ -5,15 +5,9 @@ the wire models, as a script reading --json would."""
 from __future__ import annotations
 
 import json
-import os
-import queue
-import re
 import subprocess
-import sys
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,110 +55,13 @@ from tests.artifact_flows import (
     node_with_roots,
     progress,
 )
+from tests.cli_support import COMMAND_S, ONE_LINE_ERROR, Running, ok
 from tests.deployment_flows import claim_deployment_job, complete_load, deployment_body
 from tests.flows import NODES, EnrolledNode, enroll
 from tests.runtime_flows import create_profile, environment_id, probe_body, ready_node
 
-# A command's whole run (interpreter start, imports, the call) on a loaded 2-core box.
-COMMAND_S = 60.0
-# An event's trip: commit, relay, NATS, the API's stream, the CLI's line.
-ARRIVAL_S = 20.0
-ONE_LINE_ERROR = re.compile(r"^error: (?P<code>[a-z_0-9]+): .+ \(correlation id (?P<id>\S+)\)$")
-
-
-def environment(api: RunningApi, key: str | None, tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
-    env["MODELFORGE_API_URL"] = api.base_url
-    if key is not None:
-        env["MODELFORGE_OPERATOR_API_KEY"] = key
-    # No `up` stack file to fall back on: what the test gives is all there is.
-    env["MODELFORGE_DATA_DIR"] = str(tmp_path / "no-stack")
-    # Wide enough that a table never folds an id.
-    env["COLUMNS"] = "250"
-    return env
-
-
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", "admin", *args]
-
-
-@pytest.fixture
-def admin(api: RunningApi, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(
-        *args: str, key: str | None = OPERATOR_KEY, stdin: str = ""
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            command(*args),
-            env=environment(api, key, tmp_path),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_S,
-            check=False,
-        )
-
-    return run
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"rc {result.returncode}: {result.stderr}"
-    assert "Traceback" not in result.stderr
-    return result.stdout
-
-
-class Running:
-    """A command left running (a watch): its stdout lines as they come."""
-
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.process = process
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def line(self, wanted: Callable[[str], bool], timeout_s: float = ARRIVAL_S) -> str:
-        """The next line that `wanted` accepts, within the bound."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("no such line within the bound")
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line is None:
-                assert self.process.stderr is not None
-                raise AssertionError(f"the command ended: {self.process.stderr.read()}")
-            if wanted(line):
-                return line
-
-
-@pytest.fixture
-def background(api: RunningApi, tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, stdin: int = subprocess.DEVNULL) -> Running:
-        process = subprocess.Popen(
-            command(*args),
-            env=environment(api, OPERATOR_KEY, tmp_path),
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started.append(process)
-        return Running(process)
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.terminate()
-        process.wait(timeout=10)
+# The `admin` and `background` fixtures: the command run as a subprocess.
+pytest_plugins = ["tests.cli_fixtures"]
 
 
 def test_tokens_create_list_revoke(admin: Any) -> None:

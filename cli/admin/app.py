@@ -3,7 +3,8 @@ built once, and every failure said in one line with the exit status to match.
 
 `modelforge admin …` arrives here from cli/main.py with the rest of its argv, so typer
 (on click) parses it and argparse never sees it. Exit statuses: 0 done, 1 refused or
-failed (the API's code and correlation id on stderr), 2 a usage mistake, 130 Ctrl-C.
+failed (the API's code and correlation id on stderr), 2 a usage mistake, 130 Ctrl-C. A
+failure is one line on stderr, never a traceback, even one that nothing here expected.
 """
 
 from __future__ import annotations
@@ -88,4 +89,15 @@ def run(argv: Sequence[str]) -> int:
         # /dev/null so the interpreter's last flush does not fail loudly either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        # A failure nothing above names is a bug of ours: still one line for the
+        # operator; the traceback for whoever debugs it (python -X dev, PYTHONDEVMODE=1).
+        if sys.flags.dev_mode:
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc} (a bug in modelforge admin; "
+            "PYTHONDEVMODE=1 shows where)",
+            file=sys.stderr,
+        )
+        return 1
     return result if isinstance(result, int) else 0

@@ -3,9 +3,9 @@ error contract turned into one line.
 
 The admin CLI talks to the control plane over HTTP only, like any operator tool would:
 it imports the wire models (schemas/) to read the answers, never the server's code.
-The operator key is read from the environment or from the file `modelforge up` names in
-its stack file, never from the command line, where it would sit in the shell history
-and in every process listing.
+The operator key is read from the environment or from the file `modelforge up` keeps it
+in, never from the command line, where it would sit in the shell history and in every
+process listing.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import httpx
@@ -21,10 +22,20 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.errors import ErrorBody
 from schemas.protocol import ADMIN_EVENTS, ADMIN_HEADER, CORRELATION_HEADER
-from schemas.stack import StackFileError, operator_key_from, read_stack_info
+from schemas.stack import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    StackFileError,
+    StackInfo,
+    operator_key_from,
+    read_stack_info,
+)
 
 KEY_ENV: Final = "MODELFORGE_OPERATOR_API_KEY"
 URL_ENV: Final = "MODELFORGE_API_URL"
+# The file `modelforge up` keeps a generated operator key in, in its data dir (its
+# KEY_FILE, stack/up.py; tests/test_cli_admin_target.py holds the two equal).
+KEY_FILE: Final = "operator_api_key"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -62,22 +73,57 @@ class Target:
 
 
 def resolve_target(api_url: str | None, env: Mapping[str, str] = os.environ) -> Target:
-    """The explicit --api-url, then MODELFORGE_API_URL, then the running `up`; the key
-    from MODELFORGE_OPERATOR_API_KEY, then the file the running `up` keeps it in."""
+    """The explicit --api-url, then MODELFORGE_API_URL, then the running `up`. The key
+    from MODELFORGE_OPERATOR_API_KEY, then the file the running `up` names in its stack
+    file, then the file `up` keeps it in (<data dir>/operator_api_key), which outlives
+    the stack file: with --api-url (or an `up` that was killed) it is still found."""
     url = api_url or env.get(URL_ENV)
-    key = env.get(KEY_ENV)
-    if url is None or not key:
+    key = env.get(KEY_ENV) or None
+    directory = Path(env.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
+    if url is None or key is None:
         try:
-            info = read_stack_info()
-            url = url or info.api_url
-            key = key or operator_key_from(info)
+            info: StackInfo | None = read_stack_info(directory)
         except StackFileError as exc:
-            raise AdminFailure(
-                f"{exc}; or set {URL_ENV} and {KEY_ENV} for another control plane"
-            ) from None
+            if url is None:
+                raise AdminFailure(
+                    f"{exc}; or set {URL_ENV} and {KEY_ENV} for another control plane"
+                ) from None
+            info = None
+        if info is not None:
+            url = url or info.api_url
+        if key is None:
+            key = _stack_key(info) if info is not None else _key_file(directory / KEY_FILE)
+    assert url is not None, "given, or the stack file's (a missing one raised above)"
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise AdminFailure(f"the API URL {url!r} is not a URL ({exc})") from None
     if not key:
         raise AdminFailure(f"the operator key is empty; set {KEY_ENV}")
     return Target(url.rstrip("/"), key)
+
+
+def _stack_key(info: StackInfo) -> str:
+    try:
+        return operator_key_from(info)
+    except StackFileError as exc:
+        raise AdminFailure(str(exc)) from None
+
+
+def _key_file(path: Path) -> str:
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        raise AdminFailure(
+            f"no operator key: set {KEY_ENV}, or run where `modelforge up` keeps it "
+            f"({path}; another {DATA_DIR_ENV}?)"
+        ) from None
+    except OSError as exc:
+        raise AdminFailure(f"cannot read the operator key file {path} ({exc.strerror})") from None
+    if not key:
+        # `up` writes a new one in its place on its next start.
+        raise AdminFailure(f"the operator key file {path} is empty; set {KEY_ENV}")
+    return key
 
 
 class AdminClient:
@@ -118,9 +164,12 @@ class AdminClient:
             response = self._http.request(
                 method, path, content=content, params=_query(params), headers=headers
             )
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
+            # Not only the connection (TransportError): a body that does not decode or
+            # a redirect loop (a proxy in the way) is said in one line too.
+            what = "cannot reach" if isinstance(exc, httpx.TransportError) else "no answer from"
             raise AdminFailure(
-                f"cannot reach the API at {self.target.api_url} ({type(exc).__name__})"
+                f"{what} the API at {self.target.api_url} ({type(exc).__name__})"
             ) from None
         if response.is_error:
             raise refusal(response)
@@ -157,6 +206,7 @@ class AdminClient:
         """The admin event stream: ("", "") once it is subscribed, then (event, data)
         for each message until the API ends it."""
         timeout = httpx.Timeout(self.target.timeout_s, read=None)
+        subscribed = False
         try:
             with self._http.stream(
                 "GET", ADMIN_EVENTS, params=_query(params), timeout=timeout
@@ -164,10 +214,15 @@ class AdminClient:
                 if response.is_error:
                     response.read()
                     raise refusal(response)
-                yield from _sse(response.iter_lines())
-        except httpx.TransportError as exc:
+                for message in _sse(response.iter_lines()):
+                    subscribed = subscribed or message == ("", "")
+                    yield message
+        except httpx.RequestError as exc:
+            where = self.target.api_url
             raise AdminFailure(
-                f"the event stream from {self.target.api_url} broke ({type(exc).__name__})"
+                f"the event stream from {where} broke ({type(exc).__name__})"
+                if subscribed
+                else f"cannot reach the API at {where} ({type(exc).__name__})"
             ) from None
 
 

@@ -4,7 +4,8 @@ The stream is opened, and the first view drawn, only once the API says it is sub
 a change that lands between the first view and the first event is then on the stream,
 never lost between the two. Where the stream ends (the API stops, or it dropped us for
 falling behind), we reconnect and draw the view again, since events may have been
-missed meanwhile.
+missed meanwhile. A stream that never opened is a failure, said at once: a wrong URL
+or an API that is not there will not mend by retrying.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def follow(
     it showed something. Returns after `limit` shown events; otherwise runs until Ctrl-C."""
     shown = 0
     failures = 0
+    opened = False
     while True:
         try:
             for event_type, data in client.events(**filters):
                 if event_type == "":
+                    opened = True
                     failures = 0
                     redraw()
                     continue
@@ -56,8 +59,9 @@ def follow(
                     if limit is not None and shown >= limit:
                         return
         except AdminFailure as exc:
-            # Refusals (a wrong key) will not mend by retrying; a broken stream may.
-            if isinstance(exc, Refused):
+            # Refusals (a wrong key) will not mend by retrying, nor will a stream that
+            # never opened; a broken one may.
+            if isinstance(exc, Refused) or not opened:
                 raise
             out.note(f"[yellow]{exc}; reconnecting[/]")
         failures += 1
