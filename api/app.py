@@ -41,6 +41,7 @@ from api.settings import ApiSettings
 from api.shedding import LoadShedder
 from api.state import ApiState
 from api.telemetry_batch import telemetry_batcher
+from api.ui.revocations import shared_logouts
 from api.ui.routes import Assets, ui_router
 from api.ui.session import UiSessions
 from schemas.protocol import INVOKE_STREAM
@@ -67,6 +68,8 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     """held_streams: the registry the server ends when it begins to stop (api/server.py);
     a server that never calls close_all leaves held streams to end by themselves."""
     metrics = ApiMetrics()
+    operator_key = settings.operator_api_key
+    ui_sessions = UiSessions(operator_key.get_secret_value() if operator_key else None)
     shedder = LoadShedder(settings.shed_in_flight, settings.heartbeat_interval_s, metrics)
     held = held_streams if held_streams is not None else HeldStreams()
 
@@ -117,6 +120,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     listener=(settings.host, settings.port),
                     shedder=shedder,
                 ),
+                shared_logouts(settings.database_url, sessions, ui_sessions),
             ):
                 app.state.modelforge = ApiState(
                     settings=settings,
@@ -181,8 +185,6 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     app.include_router(admin_router)
     # The dashboard (api/ui/); its session cookie stands in for the operator key in the
     # admin router's check (api/deps.py), which finds it on app.state.
-    operator_key = settings.operator_api_key
-    ui_sessions = UiSessions(operator_key.get_secret_value() if operator_key else None)
     app.state.ui_sessions = ui_sessions
     app.include_router(ui_router(ui_sessions, Assets.load()))
     # Last: an operator's page is never matched ahead of a fleet route.

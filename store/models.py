@@ -220,6 +220,16 @@ class ControlPlanePresence(Base):
     shed_at: Mapped[datetime | None]
 
 
+class UiSessionRevocation(Base):
+    """A dashboard session ended by logout (api/ui/session.py), until it would have
+    expired anyway: every API process refuses its cookie, those started later too."""
+
+    __tablename__ = "ui_session_revocations"
+
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime]
+
+
 class FleetIncident(Base):
     """A fleet-level condition the sweeper detected, e.g. a suspected partition."""
 

@@ -26,6 +26,9 @@ NODE_CHANGES_CHANNEL: Final = "modelforge_node_changes"
 # Payload `c:<service client id>` or `d:<deployment id>`, whenever either row changes
 # (migration 0011): what the gateway caches (api/gateway/cache.py).
 GATEWAY_CHANGES_CHANNEL: Final = "modelforge_gateway_changes"
+# Payload `<nonce>:<expires at, epoch seconds>` of a dashboard session ended by logout
+# (store/ui_sessions.py, api/ui/revocations.py).
+UI_LOGOUTS_CHANNEL: Final = "modelforge_ui_logouts"
 
 
 def _dsn(database_url: str) -> str:

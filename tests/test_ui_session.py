@@ -6,11 +6,13 @@ CSRF header, that the key header works as before, and that logout ends the sessi
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from api.ui.login_limit import MAX_FAILURES, LoginLimiter
 from api.ui.session import UiSessions
 from schemas.protocol import ADMIN_EVENTS
 from schemas.ui import (
@@ -24,7 +26,7 @@ from schemas.ui import (
     UI_PREFIX,
 )
 from tests.admin_helpers import refused
-from tests.api_server import OPERATOR_KEY, RunningApi
+from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
 from tests.flows import NODES, TOKENS
 
 KEY = "k" * 40
@@ -157,3 +159,49 @@ def test_assets_come_from_the_package(api: RunningApi) -> None:
         assert login.status_code == 200
         # Nothing the page loads comes from elsewhere.
         assert "http://" not in login.text and "https://" not in login.text
+
+
+def test_wrong_keys_are_limited_per_client_until_the_window_passes(
+    api: RunningApi,
+) -> None:
+    limiter = LoginLimiter(max_failures=3, window_s=60.0)
+    limiter_clock = [1000.0]
+    limiter.clock = lambda: limiter_clock[0]
+    for _ in range(3):
+        limiter.failed("198.51.100.7")
+    assert limiter.retry_after_s("198.51.100.7") == 60
+    assert limiter.retry_after_s("198.51.100.8") is None
+    limiter_clock[0] += 60.5
+    assert limiter.retry_after_s("198.51.100.7") is None
+    with api.client() as client:
+        for _ in range(MAX_FAILURES):
+            assert client.post(UI_LOGIN, data={LOGIN_FIELD: "not-the-key"}).status_code == 401
+        # Past the bound, even the right key waits: a guesser cannot tell a hit.
+        for key in ("not-the-key", OPERATOR_KEY):
+            limited = client.post(UI_LOGIN, data={LOGIN_FIELD: key})
+            assert limited.status_code == 429, limited.text
+            assert 1 <= int(limited.headers["Retry-After"]) <= 60
+            assert "Too many wrong operator keys" in limited.text
+            assert SESSION_COOKIE not in limited.headers.get("set-cookie", "")
+
+
+def test_logout_ends_the_session_in_every_api_process_and_in_later_ones(
+    api_factory: ApiFactory,
+) -> None:
+    first, second = api_factory(), api_factory(pipeline=False)
+    with _login(first) as client:
+        cookie = client.cookies[SESSION_COOKIE]
+        with second.client(cookies={SESSION_COOKIE: cookie}) as elsewhere:
+            # A signed cookie: the other process admits it with no shared state.
+            assert elsewhere.get(NODES).status_code == 200
+            answer = client.post(UI_LOGOUT, headers={CSRF_HEADER: client.cookies[CSRF_COOKIE]})
+            assert answer.status_code == 204
+            deadline = time.monotonic() + 10
+            while elsewhere.get(NODES).status_code != 401:
+                assert time.monotonic() < deadline, "the other process still admits the cookie"
+                time.sleep(0.05)
+            refused(elsewhere.get(NODES), 401, "admin_token_missing")
+    # A process started after the logout reads it before it serves.
+    with api_factory(pipeline=False).client(cookies={SESSION_COOKIE: cookie}) as later:
+        refused(later.get(NODES), 401, "admin_token_missing")
+        assert later.get(UI_PREFIX).headers["location"] == UI_LOGIN

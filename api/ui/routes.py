@@ -19,6 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from api.errors import NotFound
+from api.state import state_of
+from api.ui.login_limit import LoginLimiter
 from api.ui.session import UiSessions
 from schemas.ui import (
     CSRF_COOKIE,
@@ -31,6 +33,7 @@ from schemas.ui import (
     UI_PREFIX,
     UiPaths,
 )
+from store import ui_sessions
 
 logger = logging.getLogger("modelforge.api.ui")
 
@@ -55,6 +58,9 @@ _TYPES: Final = {
 # Where the login page says why it is shown again; static text, never the input.
 _ERROR_SLOT: Final = "<!--error-->"
 _LOGIN_REFUSED: Final = '<p class="error" role="alert">Invalid operator key.</p>'
+_LOGIN_LIMITED: Final = (
+    '<p class="error" role="alert">Too many wrong operator keys: try again in a minute.</p>'
+)
 _ADMIN_DISABLED: Final = (
     '<p class="error" role="alert">The admin API is disabled: '
     "MODELFORGE_OPERATOR_API_KEY is not set.</p>"
@@ -100,8 +106,11 @@ def _clear(response: Response) -> Response:
     return response
 
 
-def ui_router(sessions: UiSessions, assets: Assets) -> APIRouter:
+def ui_router(
+    sessions: UiSessions, assets: Assets, limiter: LoginLimiter | None = None
+) -> APIRouter:
     router = APIRouter(include_in_schema=False)
+    limiter = limiter or LoginLimiter()
 
     @router.get(UI_PREFIX)
     async def dashboard(request: Request) -> Response:
@@ -128,10 +137,19 @@ def ui_router(sessions: UiSessions, assets: Assets) -> APIRouter:
         body = await request.body()
         form = parse_qs(body[:_LOGIN_BODY_MAX].decode("utf-8", "replace"))
         presented = (form.get(LOGIN_FIELD) or [""])[0]
+        client = request.client.host if request.client else ""
+        wait_s = limiter.retry_after_s(client)
+        if wait_s is not None:
+            logger.warning("dashboard login refused: too many wrong operator keys")
+            refused = assets.response("login.html", 429, _LOGIN_LIMITED)
+            refused.headers["Retry-After"] = str(wait_s)
+            return refused
         if not sessions.matches_key(presented):
+            limiter.failed(client)
             # Who and why, never what was typed.
             logger.warning("dashboard login refused: wrong operator key")
             return assets.response("login.html", 401, _LOGIN_REFUSED)
+        limiter.succeeded(client)
         issued = sessions.issue()
         secure = request.url.scheme == "https"
         response = _redirect(UI_PREFIX)
@@ -164,6 +182,10 @@ def ui_router(sessions: UiSessions, assets: Assets) -> APIRouter:
         session = sessions.of(request)
         if session is not None and sessions.admits(request):
             sessions.revoke(session)
+            # Every other API process too, and those started later (api/ui/revocations.py).
+            state = state_of(request)
+            async with state.sessions() as db, db.begin():
+                await ui_sessions.record_logout(db, session.nonce, session.expires_at)
         return _clear(Response(status_code=204, headers=_HEADERS))
 
     @router.get(UI_PATHS)

@@ -15,9 +15,10 @@ by the cookie must echo the session's CSRF token (derived from the nonce, handed
 script in a non-HttpOnly cookie) in CSRF_HEADER, which another origin can neither read
 nor send.
 
-Logout revokes the nonce in this process at once; the other processes of a multi-process
-API learn nothing of it (there is no shared state to tell them), so a copied cookie stays
-valid there until it expires (SESSION_TTL_S). The browser itself drops both cookies.
+Logout revokes the nonce in this process at once, and records it in PostgreSQL with a
+NOTIFY (store/ui_sessions.py): the other processes hear it within milliseconds, and one
+that starts or reconnects later reads the recorded ones first (api/ui/revocations.py),
+so a copied cookie is refused everywhere. The browser itself drops both cookies.
 """
 
 from __future__ import annotations
@@ -131,11 +132,16 @@ class UiSessions:
         return self._mac(f"csrf.{session.nonce}")
 
     def revoke(self, session: Session) -> None:
+        self.revoke_nonce(session.nonce, session.expires_at)
+
+    def revoke_nonce(self, nonce: str, expires_at: int) -> None:
+        """End a session, here or (api/ui/revocations.py) in another process."""
         now = self.clock()
-        for nonce, expires_at in list(self._revoked.items()):
-            if expires_at <= now:
-                del self._revoked[nonce]
-        self._revoked[session.nonce] = session.expires_at
+        for known, expiry in list(self._revoked.items()):
+            if expiry <= now:
+                del self._revoked[known]
+        if expires_at > now:
+            self._revoked[nonce] = expires_at
 
     def of(self, connection: HTTPConnection) -> Session | None:
         return self.check(connection.cookies.get(SESSION_COOKIE))
