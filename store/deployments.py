@@ -1,6 +1,7 @@
 """Deployment rules shared by the API and the workers: create, the lifecycle's transitions
-(each one change and its event), what a settled deployment job means for its deployment,
-the reconciler's decisions. What the gateway reads to route is store/deployment_routes.py.
+(each one change and its event), what a settled deployment job means for its deployment.
+The reconciler's decisions are store/deployment_reconcile.py; what the gateway reads to
+route is store/deployment_routes.py.
 
 Lifecycle (schemas/deployments.py): `pending` (its load job queued) → `loading` (claimed)
 → `ready` → `draining` → `unloaded`; `failed` when the load failed for good (the job's
@@ -10,7 +11,7 @@ its health failed (back to `ready` when the node reports it loaded again, or rel
 Every job is one of the shared leases (store/leases.py); this module only decides what
 each settled job means for its deployment (`on_claimed`, `on_settled`, called by the
 agent routes in the same transaction as the settle) and what the periodic reconciler
-(workers/deployments.py) does where no report came (`reconcile_one`). Lock order, as
+(workers/deployments.py) does where no report came (store/deployment_reconcile.py). Lock order, as
 every transaction here, the agent routes and a decommission take it (store/locks.py):
 the node, then the job, then the deployment.
 """
@@ -37,17 +38,12 @@ from schemas.deployments import (
 from schemas.errors import ErrorCode
 from schemas.events import DeploymentEvent, EventType
 from schemas.jobs import JobKind, JobState
-from schemas.protocol import StreamName
 from store import changes, leases, nodes, results, runtime
 from store.deployment_tables import Deployment
 from store.errors import Conflict, Missing
-from store.models import Job, Node, NodeStream
+from store.models import Job
 
 ENDED = frozenset(state.value for state in ENDED_STATES)
-# A runtime report must be received this long after a deployment's last transition
-# before its silence about the deployment counts (a report built just before the load
-# ended may arrive just after it).
-REPORT_MARGIN = timedelta(seconds=2)
 # Attempts of the jobs that only look or tear down.
 TARGET_ATTEMPTS = 3
 # Why a loaded deployment is unavailable when its own health check failed.
@@ -102,7 +98,7 @@ async def create(session: AsyncSession, request: DeploymentCreate, *, actor: str
     session.add(deployment)
     changes.record(session, EventType.DEPLOYMENT_CREATED, _event(deployment), actor=actor)
     await session.flush()
-    await _queue_load(session, deployment, actor=actor)
+    await queue_load(session, deployment, actor=actor)
     return deployment
 
 
@@ -201,7 +197,7 @@ def transition(
     )
 
 
-async def _queue_load(session: AsyncSession, deployment: Deployment, *, actor: str) -> Job:
+async def queue_load(session: AsyncSession, deployment: Deployment, *, actor: str) -> Job:
     job = await leases.queue(
         session,
         JobKind.DEPLOYMENT_LOAD,
@@ -215,7 +211,7 @@ async def _queue_load(session: AsyncSession, deployment: Deployment, *, actor: s
     return job
 
 
-async def _queue_target(
+async def queue_target(
     session: AsyncSession,
     deployment: Deployment,
     kind: JobKind,
@@ -232,7 +228,7 @@ async def _queue_target(
     return job
 
 
-async def _current_job(
+async def current_job(
     session: AsyncSession, deployment: Deployment, *, lock: bool = False
 ) -> Job | None:
     if deployment.job_id is None:
@@ -240,7 +236,7 @@ async def _current_job(
     return await session.get(Job, deployment.job_id, with_for_update=lock, populate_existing=lock)
 
 
-def _active(job: Job | None) -> bool:
+def active(job: Job | None) -> bool:
     return job is not None and job.state not in leases.FINISHED
 
 
@@ -261,7 +257,7 @@ async def drain(
     # Read again under the node's lock, which every change of its job holds: the job
     # it names now is the one to lock.
     await session.refresh(probe)
-    current = await _current_job(session, probe, lock=True)
+    current = await current_job(session, probe, lock=True)
     deployment = await get(session, deployment_id, lock=True)
     if deployment.state in ENDED:
         raise Conflict(
@@ -270,7 +266,7 @@ async def drain(
             extra={"state": deployment.state},
         )
     now = await nodes.now(session)
-    if _active(current) and current is not None:
+    if active(current) and current is not None:
         tearing_down = current.kind in (JobKind.DEPLOYMENT_DRAIN, JobKind.DEPLOYMENT_UNLOAD)
         if tearing_down and deadline_s >= (deployment.drain_deadline_s or 0):
             return deployment  # already draining at least as fast
@@ -284,7 +280,7 @@ async def drain(
         )
         return deployment
     kind = JobKind.DEPLOYMENT_DRAIN if deadline_s > 0 else JobKind.DEPLOYMENT_UNLOAD
-    await _queue_target(session, deployment, kind, actor=actor, deadline_s=deadline_s)
+    await queue_target(session, deployment, kind, actor=actor, deadline_s=deadline_s)
     return deployment
 
 
@@ -350,14 +346,14 @@ async def on_settled(
                 session, deployment, DeploymentState.READY, now, reason="loaded", actor=actor
             )
         elif job.state == JobState.QUEUED.value and state == DeploymentState.LOADING:
-            _failure(deployment, job)
+            record_failure(deployment, job)
             transition(
                 session, deployment, DeploymentState.PENDING, now, reason="retry", actor=actor
             )
         elif job.state == JobState.FAILED.value and state not in ENDED_STATES | {
             DeploymentState.DRAINING
         }:
-            _failure(deployment, job)
+            record_failure(deployment, job)
             transition(
                 session,
                 deployment,
@@ -397,200 +393,9 @@ async def on_settled(
         )
 
 
-def _failure(deployment: Deployment, job: Job) -> None:
+def record_failure(deployment: Deployment, job: Job) -> None:
     deployment.failure_code = job.failure_code
     deployment.failure_detail = job.failure_detail
-
-
-# ------------------------------------------------------------------ the reconciler
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What the reconciler knows of a deployment's node."""
-
-    online: bool
-    schedulable: bool
-    # The last applied runtime report: when the control plane received it, and the
-    # deployments it lists as loaded.
-    report_received_at: datetime | None
-    loaded: frozenset[uuid.UUID]
-
-
-async def due(session: AsyncSession, *, limit: int, after: uuid.UUID | None) -> list[uuid.UUID]:
-    """Ids of deployments that have not ended, in id order from `after` (a sweep pages)."""
-    query = select(Deployment.id).where(Deployment.state.not_in(list(ENDED)))
-    if after is not None:
-        query = query.where(Deployment.id > after)
-    rows = await session.execute(query.order_by(Deployment.id).limit(limit))
-    return list(rows.scalars().all())
-
-
-async def _node_view(session: AsyncSession, node: Node) -> NodeView:
-    stream = (
-        await session.execute(
-            select(NodeStream).where(
-                NodeStream.node_id == node.id, NodeStream.stream == StreamName.RUNTIME
-            )
-        )
-    ).scalar_one_or_none()
-    loaded: set[uuid.UUID] = set()
-    if stream is not None and stream.good_payload:
-        for entry in stream.good_payload.get("deployments", []):
-            loaded.add(uuid.UUID(str(entry["deployment_id"])))
-    return NodeView(
-        online=node.liveness == "online" and node.enabled and not nodes.is_terminal(node),
-        schedulable=node.enabled and not nodes.is_terminal(node),
-        report_received_at=stream.good_received_at if stream is not None else None,
-        loaded=frozenset(loaded),
-    )
-
-
-async def _check_health_if_due(
-    session: AsyncSession,
-    deployment: Deployment,
-    current: Job | None,
-    now: datetime,
-    policy: ReconcilePolicy,
-    actor: str,
-) -> str | None:
-    """Queue its periodic deployment.health.v1 when due and no job of it runs."""
-    due = deployment.health_due_at is not None and deployment.health_due_at <= now
-    if not due or _active(current):
-        return None
-    await _queue_target(session, deployment, JobKind.DEPLOYMENT_HEALTH, actor=actor)
-    deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
-    return "health queued"
-
-
-async def reconcile_one(
-    session: AsyncSession,
-    deployment_id: uuid.UUID,
-    policy: ReconcilePolicy,
-    *,
-    hold: bool,
-    actor: str,
-) -> str | None:
-    """Compare what is desired with what the node reports, and move the deployment one
-    step (a transition, a job, or both); what it did, or None. `hold`: the partition
-    breaker holds (store/fleet.py): nothing is reloaded or failed, since nodes that look
-    silent are more likely cut off than gone; routing still stops (unavailable)."""
-    probe = await session.get(Deployment, deployment_id)
-    if probe is None:
-        return None
-    # The node first, then the deployment: the order the agent routes lock in.
-    node = await nodes.lock(session, probe.node_id)
-    deployment = (
-        await session.execute(
-            select(Deployment)
-            .where(Deployment.id == deployment_id)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        )
-    ).scalar_one_or_none()
-    if deployment is None or node is None or deployment.state in ENDED:
-        return None
-    view = await _node_view(session, node)
-    now = await nodes.now(session)
-    state = DeploymentState(deployment.state)
-    current = await _current_job(session, deployment)
-    received = view.report_received_at
-    # A report since the last transition: it says what the node has now. Its silence
-    # about the deployment counts only past the margin.
-    reported = received is not None and received > deployment.state_changed_at
-    silent_for_sure = (
-        received is not None and received > deployment.state_changed_at + REPORT_MARGIN
-    )
-    is_loaded = deployment.id in view.loaded
-
-    if state == DeploymentState.DRAINING:
-        if not view.schedulable:
-            transition(
-                session, deployment, DeploymentState.UNLOADED, now, reason="node_gone", actor=actor
-            )
-            return "unloaded"
-        if not _active(current):
-            await _queue_target(
-                session, deployment, JobKind.DEPLOYMENT_UNLOAD, actor=actor, deadline_s=0.0
-            )
-            return "unload queued"
-        return None
-
-    if not view.online:
-        if state in (DeploymentState.READY, DeploymentState.LOADING, DeploymentState.PENDING):
-            deployment.failure_code = "node_offline"
-            deployment.failure_detail = (
-                f"its node is {node.liveness if node.enabled else 'disabled'}"
-            )
-            transition(
-                session,
-                deployment,
-                DeploymentState.UNAVAILABLE,
-                now,
-                reason="node_offline",
-                actor=actor,
-            )
-            return "unavailable"
-        return None
-
-    if state == DeploymentState.UNAVAILABLE:
-        if deployment.failure_code == HEALTH_FAILED and is_loaded:
-            # Loaded but failing its checks: being reported loaded says nothing new, only
-            # a check that passes makes it ready again (on_settled); else it would flap.
-            return await _check_health_if_due(session, deployment, current, now, policy, actor)
-        if is_loaded and reported:
-            deployment.failure_code = deployment.failure_detail = None
-            deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
-            transition(
-                session,
-                deployment,
-                DeploymentState.READY,
-                now,
-                reason="reported_loaded",
-                actor=actor,
-            )
-            return "ready"
-        if reported and not hold and not _active(current):
-            await _queue_load(session, deployment, actor=actor)
-            transition(
-                session, deployment, DeploymentState.PENDING, now, reason="reload", actor=actor
-            )
-            return "reload queued"
-        return None
-
-    if state == DeploymentState.READY:
-        if silent_for_sure and not is_loaded and not _active(current):
-            # The runtime worker no longer has it (it restarted): load it again.
-            await _queue_load(session, deployment, actor=actor)
-            transition(
-                session, deployment, DeploymentState.PENDING, now, reason="lost", actor=actor
-            )
-            return "reload queued"
-        return await _check_health_if_due(session, deployment, current, now, policy, actor)
-
-    # pending / loading: the load job moves it; one that ended without a report here
-    # (its lease expired on the last attempt) settles it now.
-    if current is None or current.state == JobState.CANCELLED.value:
-        if not hold:
-            await _queue_load(session, deployment, actor=actor)
-            return "load queued"
-        return None
-    if current.state == JobState.FAILED.value and not hold:
-        _failure(deployment, current)
-        transition(
-            session,
-            deployment,
-            DeploymentState.FAILED,
-            now,
-            reason=current.failure_code or "failed",
-            actor=actor,
-        )
-        return "failed"
-    if current.state == JobState.SUCCEEDED.value and current.kind == JobKind.DEPLOYMENT_LOAD:
-        deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
-        transition(session, deployment, DeploymentState.READY, now, reason="loaded", actor=actor)
-        return "ready"
-    return None
 
 
 # ------------------------------------------------------------------ runtime reports

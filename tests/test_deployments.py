@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT, DEPLOYMENTS
-from store.deployments import REPORT_MARGIN, ReconcilePolicy
+from store.deployment_reconcile import REPORT_MARGIN
+from store.deployments import ReconcilePolicy
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (

@@ -1,6 +1,6 @@
 """The deployment reconciler: one periodic entry (workers/main.py: schedule). It compares
 what is desired with what the runtime workers report and moves every deployment that has
-not ended one step (store/deployments.py: reconcile_one): unavailable when its node went
+not ended one step (store/deployment_reconcile.py: reconcile_one): unavailable when its node went
 offline, ready again when the node reports it loaded, a reload when the node lost it, a
 periodic health job, the unload of a drain, a load that ended without a report.
 
@@ -18,7 +18,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.events import worker_actor
-from store import deployments
+from store import deployment_reconcile
 from store.deployments import ReconcilePolicy
 from store.fleet import partition_hold_active
 
@@ -38,10 +38,10 @@ async def reconcile(
     after = None
     while True:
         async with sessions() as session, session.begin():
-            page = await deployments.due(session, limit=PAGE, after=after)
+            page = await deployment_reconcile.due(session, limit=PAGE, after=after)
         for deployment_id in page:
             async with sessions() as session, session.begin():
-                action = await deployments.reconcile_one(
+                action = await deployment_reconcile.reconcile_one(
                     session, deployment_id, policy, hold=hold, actor=ACTOR
                 )
             if action is not None:
