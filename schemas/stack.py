@@ -19,6 +19,8 @@ from schemas.base import WireModel
 DEFAULT_DATA_DIR: Final = Path(".modelforge")
 DATA_DIR_ENV: Final = "MODELFORGE_DATA_DIR"
 STACK_FILE: Final = "stack.json"
+# Where `up` keeps a generated operator key, in its data dir (0600); the admin CLI reads it.
+OPERATOR_KEY_FILE: Final = "operator_api_key"
 
 
 class StackInfo(WireModel):

@@ -29,14 +29,14 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
-from schemas.stack import StackInfo, write_stack_info
+from schemas.stack import OPERATOR_KEY_FILE, StackInfo, write_stack_info
 from stack.leftovers import RECORD_FILE, ChildRecord, stop_leftovers
 from stack.ports import free_port, port_is_free
 from stack.processes import DirLock
 from stack.settings import StackSettings
 
 DATABASE_NAME = "modelforge"
-KEY_FILE = "operator_api_key"
+KEY_FILE = OPERATOR_KEY_FILE
 # Held while an `up` runs on the data dir: whoever holds it owns what the record names.
 LOCK_FILE = "up.lock"
 HEALTH_TIMEOUT_S = 90.0

@@ -81,8 +81,8 @@ async def drain_deployment(
 
 @router.post(DEPLOYMENTS + "/{deployment_id}/unload", responses=MISSING_OR_CONFLICT)
 async def unload_deployment(deployment_id: uuid.UUID, session: AdminTransaction) -> DeploymentView:
-    """A drain with no deadline, from any state that has not ended: invokes in flight
-    are cut at once."""
+    """A drain with a deadline of 0, from any state that has not ended: it queues a
+    deployment.unload.v1 job (no drain job), and invokes in flight are cut at once."""
     deployment = await deployments.drain(session, deployment_id, 0.0, actor=OPERATOR_ACTOR)
     return deployment_view(deployment)
 

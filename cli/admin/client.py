@@ -25,6 +25,7 @@ from schemas.protocol import ADMIN_EVENTS, ADMIN_HEADER, CORRELATION_HEADER
 from schemas.stack import (
     DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
+    OPERATOR_KEY_FILE,
     StackFileError,
     StackInfo,
     operator_key_from,
@@ -33,9 +34,8 @@ from schemas.stack import (
 
 KEY_ENV: Final = "MODELFORGE_OPERATOR_API_KEY"
 URL_ENV: Final = "MODELFORGE_API_URL"
-# The file `modelforge up` keeps a generated operator key in, in its data dir (its
-# KEY_FILE, stack/up.py; tests/test_cli_admin_target.py holds the two equal).
-KEY_FILE: Final = "operator_api_key"
+# The file `modelforge up` keeps a generated operator key in, in its data dir.
+KEY_FILE: Final = OPERATOR_KEY_FILE
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -53,6 +53,7 @@ from schemas.protocol import (  # noqa: E402
     RUNTIME_PROFILES,
     SERVICE_CLIENTS,
 )
+from schemas.stack import OPERATOR_KEY_FILE  # noqa: E402
 from stack.ports import free_port  # noqa: E402
 from tests.agent.harness import AgentProcess, wait_until  # noqa: E402
 from tests.api_server import RunningApi  # noqa: E402
@@ -166,7 +167,7 @@ def setup(
     env = {"MODELFORGE_API_PROCESSES": str(api_processes)}
     stack.up = UpProcess(stack.workdir / "data", port, env)
     stack.up.wait_for(r"Operator key: ", timeout_s=180)
-    key = (stack.workdir / "data" / "operator_api_key").read_text().strip()
+    key = (stack.workdir / "data" / OPERATOR_KEY_FILE).read_text().strip()
     api = StackApi(f"http://127.0.0.1:{port}", key)
     stack.hub = HubServer().start()
     running = cast(RunningApi, api)  # the flows use base_url, admin_headers, client()
