@@ -15,8 +15,9 @@ order, and never the other way round:
 The agent routes (claim, report, settle: the job, then its deployment), a decommission
 (store/decommission.py: the node, its open jobs, its live deployments), a drain or an
 unload (store/deployments.py: drain) and the reconciler
-(store/deployment_reconcile.py: reconcile_one) all follow it. A drain used to lock its deployment before anything else,
-and then deadlocked with a decommission of the node (tests/test_decommission_drain_race.py).
+(store/deployment_reconcile.py: reconcile_one) all follow it. A drain used to lock its
+deployment before anything else, and then deadlocked with a decommission of the node
+(tests/test_decommission_drain_race.py).
 A transaction that does not take the node's lock may still lock rows of level 2 or 3
 only if it never waits for another lock while holding them (leases.expire_due takes jobs
 with SKIP LOCKED and only updates them).
