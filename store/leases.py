@@ -36,6 +36,7 @@ from schemas.events import EventType, JobEvent
 from schemas.jobs import FailureCode, JobKind, JobState, Lease, LeaseFence
 from store import changes, results
 from store.errors import Conflict, Missing, NotOwned
+from store.locks import node_try_xact_lock
 from store.models import Job
 from store.nodes import now as database_now
 
@@ -308,7 +309,7 @@ async def expire_due(
 
     SKIP LOCKED: rows another worker is expiring, or a holder is reporting on right
     now, are left for the next sweep (a report that commits first extends the lease,
-    and the row is no longer due).
+    and the row is no longer due); so is a job whose node's event lock is held.
     """
     due = (
         (
@@ -326,7 +327,15 @@ async def expire_due(
     if not due:
         return []
     now = await database_now(session)
+    settled: list[Job] = []
     for job in due:
+        # The node's event lock, so that this job event takes its place in the node's
+        # commit order (store/locks.py). Only tried: this transaction already holds job
+        # rows, so waiting for the node could deadlock; a busy node waits for the next
+        # sweep (its holder may be reporting on this very job).
+        if not (await session.execute(select(node_try_xact_lock(job.node_id)))).scalar_one():
+            continue
+        settled.append(job)
         fail(
             session,
             job,
@@ -338,7 +347,7 @@ async def expire_due(
             actor=actor,
             expired=True,
         )
-    return list(due)
+    return settled
 
 
 async def list_jobs(

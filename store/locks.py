@@ -19,8 +19,8 @@ unload (store/deployments.py: drain) and the reconciler
 deployment before anything else, and then deadlocked with a decommission of the node
 (tests/test_decommission_drain_race.py).
 A transaction that does not take the node's lock may still lock rows of level 2 or 3
-only if it never waits for another lock while holding them (leases.expire_due takes jobs
-with SKIP LOCKED and only updates them).
+only if it never waits for another lock while holding them: leases.expire_due takes jobs
+with SKIP LOCKED, then only *tries* each job's node lock (skipping the job when busy).
 """
 
 from __future__ import annotations
