@@ -57,7 +57,7 @@ from tests.artifact_flows import (
 )
 from tests.cli_support import COMMAND_S, ONE_LINE_ERROR, Running, ok
 from tests.deployment_flows import claim_deployment_job, complete_load, deployment_body
-from tests.flows import NODES, EnrolledNode, enroll
+from tests.flows import INVENTORY, NODES, EnrolledNode, enroll, gpu, inventory_body
 from tests.runtime_flows import create_profile, environment_id, probe_body, ready_node
 
 # The `admin` and `background` fixtures: the command run as a subprocess.
@@ -102,6 +102,30 @@ def test_nodes_list_get_disable_enable(admin: Any, api: RunningApi) -> None:
             ok(admin("nodes", "label", node.node_id, "zone=b", "--json"))
         )
         assert labelled.labels == {"zone": "b"}
+
+
+def test_nodes_get_flags_a_gpu_the_last_complete_inventory_lacks(
+    admin: Any, api: RunningApi
+) -> None:
+    with api.client() as client:
+        node = enroll(client, api, "cli-gpus")
+        first, second = gpu(0), gpu(1)
+        for sequence, gpus in ((1, [first, second]), (2, [first])):
+            answer = client.put(
+                INVENTORY,
+                json=inventory_body(node.node_id, sequence, gpus=gpus, hostname="cli-gpus"),
+                headers=node.headers,
+            )
+            assert answer.status_code == 200, answer.text
+    # The reconcile consumer records the absence (the workers' side of the inventory).
+    api.settle()
+    detail = NodeDetail.model_validate_json(ok(admin("nodes", "get", node.node_id, "--json")))
+    assert {str(g.uuid): g.missing for g in detail.gpus} == {
+        first["uuid"]: False,
+        second["uuid"]: True,
+    }
+    shown = ok(admin("nodes", "get", node.node_id))
+    assert "GPUs (1 missing)" in shown and "missing" in shown.split("GPUs (1 missing)")[1]
 
 
 def agent_state(tmp_path: Path, api: RunningApi, node: EnrolledNode) -> StateDir:
