@@ -15,7 +15,12 @@ missed through the list routes. No database session is held per viewer: the oper
 key was checked before the stream opened (the router's dependency), and the events
 come from NATS alone.
 
-Live only: a viewer sees what is published while it is connected. The stream
+Resume: a viewer that reconnects with `Last-Event-ID` (an EventSource does by itself,
+`modelforge admin … -w` too) first gets what was published after that event, read
+once from the outbox (store/published.py), then the live stream, each event once. An
+unknown id, or more than REPLAY_LIMIT events since, ends the stream with
+`event: overflow` at once: re-read the state through the list routes and reconnect
+without it. Without the header the stream is live only; the stream
 (`modelforge events tail --from-start`) and the audit log hold the history. An event
 the relay republishes after a crash reaches viewers twice with the same `id:`.
 """
@@ -31,15 +36,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
 
 from api.deps import State
 from api.nats_subscription import subscribe_forever
-from schemas.base import FilterText
+from api.state import ApiState
+from schemas.base import FilterText, ShortText
 from schemas.events import SUBJECT_PREFIX
 from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW
+from store.published import published_after
 
 logger = logging.getLogger("modelforge.api.admin.events")
 
@@ -50,6 +57,9 @@ QUEUE_LIMIT: Final = 1024
 # How long a new viewer's stream waits for the subscription before it opens anyway
 # (NATS down: the stream then stays quiet until the subscription comes back).
 READY_WAIT_S: Final = 5.0
+# Events a resuming viewer may have missed and still be caught up with (Last-Event-ID);
+# beyond, it re-reads the state instead.
+REPLAY_LIMIT: Final = 1000
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,29 @@ def sse_message(data: bytes) -> tuple[dict[str, object], str] | None:
     # SSE ends a field at a newline: the JSON must sit on one line.
     text = json.dumps(envelope, separators=(",", ":")) if b"\n" in data else data.decode()
     return envelope, f"id: {event_id}\nevent: {event_type}\ndata: {text}\n\n"
+
+
+def message_id(message: str) -> str:
+    """The `id:` of a message sse_message built."""
+    return message.split("\n", 1)[0].removeprefix("id: ")
+
+
+async def _missed(state: ApiState, last_event_id: str, wanted: EventFilter) -> list[str] | None:
+    """The messages a resuming viewer missed, or None: it must re-read the state."""
+    try:
+        after = uuid.UUID(last_event_id)
+    except ValueError:
+        return None
+    async with state.sessions() as session, session.begin():
+        envelopes = await published_after(session, after, limit=REPLAY_LIMIT + 1)
+    if envelopes is None or len(envelopes) > REPLAY_LIMIT:
+        return None
+    missed = []
+    for envelope in envelopes:
+        parsed = sse_message(json.dumps(envelope, separators=(",", ":")).encode())
+        if parsed is not None and wanted.admits(parsed[0]):
+            missed.append(parsed[1])
+    return missed
 
 
 class EventFanout:
@@ -223,18 +256,35 @@ async def admin_events(
     type: Annotated[
         FilterText | None, Query(description="action or CloudEvent type prefix")
     ] = None,
+    last_event_id: Annotated[
+        ShortText | None,
+        Header(description="resume after this event (the `id:` of the last one seen)"),
+    ] = None,
 ) -> StreamingResponse:
     """Held open: one message per CloudEvent published while it is, comments as
-    keep-alives. Ends when the API stops, or with `event: overflow` for a viewer too
-    slow to keep up."""
+    keep-alives; with Last-Event-ID, first those published since that one. Ends when
+    the API stops, or with `event: overflow` for a viewer too slow to keep up or too
+    far behind to resume."""
     fanout = state.events
     keepalive_s = state.settings.notification_keepalive_s
     wanted = EventFilter(node_id=node_id, type_prefix=type)
+    overflow = f"event: {ADMIN_EVENTS_OVERFLOW}\ndata: {{}}\n\n"
 
     async def stream() -> AsyncGenerator[str, None]:
         with fanout.viewer(wanted) as viewer:
             subscribed = await fanout.wait_subscribed(READY_WAIT_S)
             yield "retry: 2000\n: connected\n\n" if subscribed else "retry: 2000\n: waiting\n\n"
+            # Read after the subscription began: whatever is published from here on is
+            # in the queue too, so nothing falls between the two (duplicates are skipped).
+            replayed: set[str] = set()
+            if last_event_id is not None:
+                missed = await _missed(state, last_event_id, wanted)
+                if missed is None:
+                    yield overflow
+                    return
+                for caught_up in missed:
+                    replayed.add(message_id(caught_up))
+                    yield caught_up
             while True:
                 try:
                     message = await asyncio.wait_for(viewer.queue.get(), keepalive_s)
@@ -242,8 +292,10 @@ async def admin_events(
                     yield ": keep-alive\n\n"
                     continue
                 if message is None:
-                    yield f"event: {ADMIN_EVENTS_OVERFLOW}\ndata: {{}}\n\n"
+                    yield overflow
                     return
+                if replayed and message_id(message) in replayed:
+                    continue
                 yield message
 
     return StreamingResponse(

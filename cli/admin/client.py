@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -202,14 +202,18 @@ class AdminClient:
     ) -> M:
         return self.call(model, "POST", path, body=body if body is not None else {})
 
-    def events(self, **params: Any) -> Iterator[tuple[str, str]]:
+    def events(
+        self, last_event_id: str | None = None, **params: Any
+    ) -> Generator[tuple[str, str], None, None]:
         """The admin event stream: ("", "") once it is subscribed, then (event, data)
-        for each message until the API ends it."""
+        for each message until the API ends it; after last_event_id, those published
+        since it first (api/admin/events.py: resume)."""
         timeout = httpx.Timeout(self.target.timeout_s, read=None)
+        headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else None
         subscribed = False
         try:
             with self._http.stream(
-                "GET", ADMIN_EVENTS, params=_query(params), timeout=timeout
+                "GET", ADMIN_EVENTS, params=_query(params), timeout=timeout, headers=headers
             ) as response:
                 if response.is_error:
                     response.read()

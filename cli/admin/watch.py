@@ -2,9 +2,10 @@
 
 The stream is opened, and the first view drawn, only once the API says it is subscribed:
 a change that lands between the first view and the first event is then on the stream,
-never lost between the two. Where the stream ends (the API stops, or it dropped us for
-falling behind), we reconnect and draw the view again, since events may have been
-missed meanwhile. A stream that never opened is a failure, said at once: a wrong URL
+never lost between the two. Where the stream breaks (the API stops), we reconnect with
+Last-Event-ID and the API sends what was published meanwhile first; where it ends with
+`overflow` (we fell behind, or too much was missed to resume), we reconnect without it
+and draw the view again. A stream that never opened is a failure, said at once: a wrong URL
 or an API that is not there will not mend by retrying.
 """
 
@@ -39,21 +40,27 @@ def follow(
     shown = 0
     failures = 0
     opened = False
+    # The last event seen: a reconnect resumes after it (nothing missed in between).
+    last_id: str | None = None
     while True:
         try:
-            for event_type, data in client.events(**filters):
+            for event_type, data in client.events(last_event_id=last_id, **filters):
                 if event_type == "":
                     opened = True
                     failures = 0
-                    redraw()
+                    if last_id is None:
+                        redraw()
                     continue
                 if event_type == ADMIN_EVENTS_OVERFLOW:
+                    # Too far behind to resume: read the state again, then follow.
                     out.note("[yellow]fell behind the event stream; reconnecting[/]")
+                    last_id = None
                     break
                 try:
                     event = CloudEvent.model_validate_json(data)
                 except ValidationError:
                     continue  # a newer API's envelope: not ours to show
+                last_id = str(event.id)
                 if on_event(event):
                     shown += 1
                     if limit is not None and shown >= limit:
