@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from api.server import ApiServer, api_server
 from api.settings import ApiSettings
 from api.state import ApiState
+from store.liveness import LivenessThresholds
 from tests.pipeline import RunningPipeline, settle
 
 OPERATOR_KEY = "test-operator-key-0123456789abcdef"
@@ -144,3 +145,18 @@ def api_factory(
 @pytest.fixture
 def api(api_factory: ApiFactory) -> RunningApi:
     return api_factory()
+
+
+def api_on_thresholds(
+    api_factory: ApiFactory, thresholds: LivenessThresholds, **overrides: Any
+) -> RunningApi:
+    """An API on these liveness thresholds, its presence refreshed every 0.1 s, as the
+    fleet-safety tests run it (keyword arguments override settings, as api_factory's)."""
+    return api_factory(
+        stale_after_s=thresholds.stale_after_s,
+        offline_after_s=thresholds.offline_after_s,
+        restart_grace_s=thresholds.restart_grace_s,
+        presence_gap_s=thresholds.presence_gap_s,
+        presence_period_s=0.1,
+        **overrides,
+    )

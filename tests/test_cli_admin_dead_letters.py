@@ -5,12 +5,8 @@ really sent back to its queue. Every refusal is the CLI's one line."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import dramatiq
 import pytest
 
-from broker.jetstream import BrokerSettings, build_broker
 from schemas.admin import DeadLetterInfo, DeadLetterList, DeadLetterReplayed
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
@@ -36,31 +32,10 @@ def api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
     )
 
 
-def poison(workers: Workers) -> dramatiq.Message[Any]:
-    """A message its actor always fails on (a period that is not one), enqueued as any
-    producer would."""
-    settings = BrokerSettings(
-        nats_url=workers.env["MODELFORGE_NATS_URL"], namespace=workers.env["MODELFORGE_NAMESPACE"]
-    )
-    broker = build_broker(settings, client_name="test-producer")
-    try:
-        message: dramatiq.Message[Any] = dramatiq.Message(
-            queue_name="liveness",
-            actor_name="liveness_sweep",
-            args=("not-a-period",),
-            kwargs={},
-            options={"max_retries": 2, "min_backoff": 100, "max_backoff": 200},
-        )
-        broker.enqueue(message)
-    finally:
-        broker.close()
-    return message
-
-
 @pytest.mark.slow
 def test_dead_letters_get_replay_delete(admin: Admin, api: RunningApi, workers: Workers) -> None:
     workers.start(1)
-    message = poison(workers)
+    message = workers.enqueue_poison()
 
     def listed() -> list[DeadLetterInfo]:
         return DeadLetterList.model_validate_json(ok(admin("dead-letters", "list", "--json"))).items

@@ -27,7 +27,7 @@ from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
 from tests.admin_helpers import beat, get_node, patch_node, refused
 from tests.agent.harness import wait_until
-from tests.api_server import ApiFactory, RunningApi
+from tests.api_server import ApiFactory, RunningApi, api_on_thresholds
 from tests.cli_support import Admin, Running, containing, failed, ok
 from tests.flows import NO_BREAKER, EnrolledNode, enroll, enroll_body
 from tests.services import run_async
@@ -49,13 +49,7 @@ SWEPT_S = 20.0
 @pytest.fixture
 def api(api_factory: ApiFactory) -> RunningApi:
     """The API the `admin` and `background` fixtures talk to, on the thresholds above."""
-    return api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        restart_grace_s=THRESHOLDS.restart_grace_s,
-        presence_gap_s=THRESHOLDS.presence_gap_s,
-        presence_period_s=0.1,
-    )
+    return api_on_thresholds(api_factory, THRESHOLDS)
 
 
 def sweep_once(api: RunningApi, breaker: PartitionBreaker) -> list[Transition]:

@@ -20,7 +20,7 @@ from schemas.protocol import FLEET
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
-from tests.api_server import ApiFactory, RunningApi
+from tests.api_server import ApiFactory, RunningApi, api_on_thresholds
 from tests.artifact_flows import ROOT, claimed, created, get_job, offer_roots
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import db_fetch
@@ -35,13 +35,7 @@ BREAKER = PartitionBreaker(share=0.3, min_nodes=10)
 
 
 def start_api(api_factory: ApiFactory) -> RunningApi:
-    return api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        restart_grace_s=THRESHOLDS.restart_grace_s,
-        presence_gap_s=THRESHOLDS.presence_gap_s,
-        presence_period_s=0.1,
-    )
+    return api_on_thresholds(api_factory, THRESHOLDS)
 
 
 @dataclass
@@ -407,14 +401,7 @@ async def test_lease_expiry_holds_while_a_partition_is_suspected(
     """A suspected partition holds lease expiry as it holds offline transitions: the
     cut-off holder's lease is long past due, yet its job stays leased until an operator
     acknowledges the incident (or it resolves)."""
-    api = api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        restart_grace_s=THRESHOLDS.restart_grace_s,
-        presence_gap_s=THRESHOLDS.presence_gap_s,
-        presence_period_s=0.1,
-        job_lease_s=0.5,
-    )
+    api = api_on_thresholds(api_factory, THRESHOLDS, job_lease_s=0.5)
     policy = LeasePolicy(lease_s=0.5, retry_base_s=0.0)
     nodes = enroll_fleet(api, 10)
     holder = nodes[0]

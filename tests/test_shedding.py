@@ -29,7 +29,7 @@ from store.fleet import beat, shedding_recently
 from store.liveness import LivenessThresholds
 from tests.admin_helpers import refused
 from tests.api_processes import metric
-from tests.api_server import ApiFactory
+from tests.api_server import ApiFactory, api_on_thresholds
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body, telemetry_body
 from tests.node_locks import HoldNodeLock
 from tests.services import db_fetch
@@ -136,13 +136,7 @@ async def test_the_sweep_records_nothing_for_a_stale_threshold_after_a_shed(
     thresholds = LivenessThresholds(
         stale_after_s=1.0, offline_after_s=2.0, restart_grace_s=1.0, presence_gap_s=0.4
     )
-    api = api_factory(
-        stale_after_s=thresholds.stale_after_s,
-        offline_after_s=thresholds.offline_after_s,
-        restart_grace_s=thresholds.restart_grace_s,
-        presence_gap_s=thresholds.presence_gap_s,
-        presence_period_s=0.1,
-    )
+    api = api_on_thresholds(api_factory, thresholds)
     with api.client() as client:
         node = enroll(client, api, "held-by-shedding")
         answer = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)

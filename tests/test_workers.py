@@ -8,10 +8,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import dramatiq
 import pytest
 
-from broker.jetstream import BrokerSettings, build_broker
 from schemas.protocol import AUDIT, DEAD_LETTERS
 from stack.embedded_nats import EmbeddedNats
 from tests.agent.harness import wait_until
@@ -115,21 +113,7 @@ def test_poison_message_is_dead_lettered_and_replayable(
 ) -> None:
     api = _api(api_factory, workers)
     workers.start(1)
-    settings = BrokerSettings(
-        nats_url=workers.env["MODELFORGE_NATS_URL"], namespace=workers.env["MODELFORGE_NAMESPACE"]
-    )
-    broker = build_broker(settings, client_name="test-producer")
-    try:
-        poison: dramatiq.Message[Any] = dramatiq.Message(
-            queue_name="liveness",
-            actor_name="liveness_sweep",
-            args=("not-a-period",),
-            kwargs={},
-            options={"max_retries": 2, "min_backoff": 100, "max_backoff": 200},
-        )
-        broker.enqueue(poison)
-    finally:
-        broker.close()
+    poison = workers.enqueue_poison()
 
     def listed() -> list[dict[str, Any]]:
         with api.client() as client:

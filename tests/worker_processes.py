@@ -9,10 +9,13 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import dramatiq
 import pytest
 
 from agent.processes import start_process, stop_process
+from broker.jetstream import BrokerSettings, build_broker
 from stack.embedded_nats import EmbeddedNats
 from tests.api_server import PRESENCE_GAP_S
 
@@ -60,6 +63,26 @@ class Workers:
     def stop_all(self) -> None:
         for proc in self.procs:
             stop_process(proc, timeout_s=40)
+
+    def enqueue_poison(self) -> dramatiq.Message[Any]:
+        """A message its actor always fails on (a period that is not one), enqueued on
+        these workers' broker as any producer would: dead-lettered after 3 runs."""
+        settings = BrokerSettings(
+            nats_url=self.env["MODELFORGE_NATS_URL"], namespace=self.env["MODELFORGE_NAMESPACE"]
+        )
+        broker = build_broker(settings, client_name="test-producer")
+        try:
+            message: dramatiq.Message[Any] = dramatiq.Message(
+                queue_name="liveness",
+                actor_name="liveness_sweep",
+                args=("not-a-period",),
+                kwargs={},
+                options={"max_retries": 2, "min_backoff": 100, "max_backoff": 200},
+            )
+            broker.enqueue(message)
+        finally:
+            broker.close()
+        return message
 
 
 @pytest.fixture
