@@ -11,13 +11,12 @@ milliseconds, and a global guard refused nearly every read (api/node_cache.py).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from store.notify import Listener, listen
+from store.notify import Listener, listening_with
 
 
 class ChangeGuard:
@@ -59,17 +58,15 @@ async def kept_by_listen(
     database_url: str, channel: str, cache: ListeningCache
 ) -> AsyncIterator[None]:
     """LISTEN on `channel` for the cache until the block ends."""
-    stop = asyncio.Event()
     # Bound late, so that a test can hold the notifications back and show that what the
     # process itself changed needs none of them (tests/test_rotation_race.py).
     listener = Listener(
         on_payload=lambda payload: cache._on_payload(payload),
         on_connected=lambda up: cache._on_connected(up),
     )
-    task = asyncio.create_task(listen(database_url, channel, listener, stop))
-    try:
-        yield
-    finally:
-        cache.closing = True
-        stop.set()
-        await task
+    async with listening_with(database_url, channel, listener):
+        try:
+            yield
+        finally:
+            # Before the listener stops, so its last disconnect is not warned of as lost.
+            cache.closing = True

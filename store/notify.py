@@ -83,19 +83,29 @@ async def listen(database_url: str, channel: str, listener: Listener, stop: asyn
 
 
 @contextlib.asynccontextmanager
+async def listening_with(
+    database_url: str, channel: str, listener: Listener
+) -> AsyncIterator[None]:
+    """`listen` in a task of its own for the block; stopped and awaited when it ends."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(listen(database_url, channel, listener, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+@contextlib.asynccontextmanager
 async def listening(database_url: str, channel: str) -> AsyncIterator[asyncio.Event]:
     """An event set whenever the channel is notified, and after every (re)connect:
     anything committed while nobody listened is looked at once."""
-    wake, stop = asyncio.Event(), asyncio.Event()
+    wake = asyncio.Event()
 
     def connected(up: bool) -> None:
         if up:
             wake.set()
 
     listener = Listener(on_payload=lambda _: wake.set(), on_connected=connected)
-    task = asyncio.create_task(listen(database_url, channel, listener, stop))
-    try:
+    async with listening_with(database_url, channel, listener):
         yield wake
-    finally:
-        stop.set()
-        await task

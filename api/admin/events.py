@@ -102,6 +102,15 @@ def sse_message(data: bytes) -> tuple[dict[str, object], str] | None:
     return envelope, f"id: {event_id}\nevent: {event_type}\ndata: {text}\n\n"
 
 
+def envelope_message(envelope: dict[str, object]) -> str | None:
+    """The SSE message of an envelope already parsed (read back from the outbox), as
+    sse_message builds it, or None for what is not a CloudEvent."""
+    if "id" not in envelope or not isinstance(event_type := envelope.get("type"), str):
+        return None
+    text = json.dumps(envelope, separators=(",", ":"))
+    return f"id: {envelope['id']}\nevent: {event_type}\ndata: {text}\n\n"
+
+
 def message_id(message: str) -> str:
     """The `id:` of a message sse_message built."""
     return message.split("\n", 1)[0].removeprefix("id: ")
@@ -119,9 +128,9 @@ async def _missed(state: ApiState, last_event_id: str, wanted: EventFilter) -> l
         return None
     missed = []
     for envelope in envelopes:
-        parsed = sse_message(json.dumps(envelope, separators=(",", ":")).encode())
-        if parsed is not None and wanted.admits(parsed[0]):
-            missed.append(parsed[1])
+        message = envelope_message(envelope)
+        if message is not None and wanted.admits(envelope):
+            missed.append(message)
     return missed
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.ui.session import UiSessions
 from store import ui_sessions
-from store.notify import UI_LOGOUTS_CHANNEL, Listener, listen
+from store.notify import UI_LOGOUTS_CHANNEL, Listener, listening_with
 
 logger = logging.getLogger("modelforge.api.ui")
 
@@ -57,13 +57,10 @@ async def shared_logouts(
             reads.add(task)
             task.add_done_callback(reads.discard)
 
-    stop = asyncio.Event()
     listener = Listener(on_payload=lambda payload: _on_payload(ui, payload), on_connected=connected)
-    task = asyncio.create_task(listen(database_url, UI_LOGOUTS_CHANNEL, listener, stop))
     try:
-        yield
+        async with listening_with(database_url, UI_LOGOUTS_CHANNEL, listener):
+            yield
     finally:
-        stop.set()
-        await task
         for read in list(reads):
             read.cancel()
