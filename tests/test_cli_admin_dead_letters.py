@@ -11,7 +11,7 @@ from schemas.admin import DeadLetterInfo, DeadLetterList, DeadLetterReplayed
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.cli_support import Admin, failed, ok
-from tests.worker_processes import OFFLINE_S, STALE_S, Workers
+from tests.worker_processes import Workers
 
 pytest_plugins = ["tests.cli_fixtures"]
 
@@ -23,13 +23,7 @@ DEAD_S = 30.0
 def api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
     """The API on the worker processes' NATS and namespace, where their dead letters are
     (the workers relay and audit: no second pipeline)."""
-    return api_factory(
-        stale_after_s=STALE_S,
-        offline_after_s=OFFLINE_S,
-        nats_url=workers.env["MODELFORGE_NATS_URL"],
-        broker_namespace=workers.env["MODELFORGE_NAMESPACE"],
-        pipeline=False,
-    )
+    return workers.api(api_factory)
 
 
 @pytest.mark.slow

@@ -15,18 +15,7 @@ from stack.embedded_nats import EmbeddedNats
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, enroll, heartbeat_body, now
-from tests.worker_processes import OFFLINE_S, STALE_S, Workers
-
-
-def _api(api_factory: ApiFactory, workers: Workers) -> RunningApi:
-    return api_factory(
-        stale_after_s=STALE_S,
-        offline_after_s=OFFLINE_S,
-        nats_url=workers.env["MODELFORGE_NATS_URL"],
-        broker_namespace=workers.env["MODELFORGE_NAMESPACE"],
-        # The worker processes under test relay and audit; no second pipeline.
-        pipeline=False,
-    )
+from tests.worker_processes import STALE_S, Workers
 
 
 def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
@@ -55,7 +44,7 @@ def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
 def test_three_workers_share_sweeps_and_survive_a_sigkill(
     api_factory: ApiFactory, workers: Workers
 ) -> None:
-    api = _api(api_factory, workers)
+    api = workers.api(api_factory)
     workers.start(3)
     with api.client() as client:
         nodes = [enroll(client, api, hostname=f"n{i}") for i in range(24)]
@@ -111,7 +100,7 @@ def test_three_workers_share_sweeps_and_survive_a_sigkill(
 def test_poison_message_is_dead_lettered_and_replayable(
     api_factory: ApiFactory, workers: Workers
 ) -> None:
-    api = _api(api_factory, workers)
+    api = workers.api(api_factory)
     workers.start(1)
     poison = workers.enqueue_poison()
 
@@ -155,7 +144,7 @@ def test_poison_message_is_dead_lettered_and_replayable(
 def test_dead_letter_routes_answer_503_while_nats_is_down(
     api_factory: ApiFactory, workers: Workers, nats_server: EmbeddedNats
 ) -> None:
-    api = _api(api_factory, workers)
+    api = workers.api(api_factory)
     nats_server.stop()
     with api.client() as client:
         response = client.get(DEAD_LETTERS, headers=api.admin_headers)

@@ -17,7 +17,7 @@ import pytest
 from agent.processes import start_process, stop_process
 from broker.jetstream import BrokerSettings, build_broker
 from stack.embedded_nats import EmbeddedNats
-from tests.api_server import PRESENCE_GAP_S
+from tests.api_server import PRESENCE_GAP_S, ApiFactory, RunningApi
 
 STALE_S = 2.0
 OFFLINE_S = 4.0
@@ -63,6 +63,17 @@ class Workers:
     def stop_all(self) -> None:
         for proc in self.procs:
             stop_process(proc, timeout_s=40)
+
+    def api(self, api_factory: ApiFactory) -> RunningApi:
+        """An API on these workers' NATS and namespace, on their liveness thresholds; no
+        pipeline of its own (these worker processes relay and audit)."""
+        return api_factory(
+            stale_after_s=STALE_S,
+            offline_after_s=OFFLINE_S,
+            nats_url=self.env["MODELFORGE_NATS_URL"],
+            broker_namespace=self.env["MODELFORGE_NAMESPACE"],
+            pipeline=False,
+        )
 
     def enqueue_poison(self) -> dramatiq.Message[Any]:
         """A message its actor always fails on (a period that is not one), enqueued on
