@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import signal
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,7 +32,9 @@ def _liveness_audit(api: RunningApi) -> dict[str, list[tuple[str, str, str]]]:
             if before is None:
                 break
     by_node: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
-    for row in sorted(rows, key=lambda r: r["id"]):
+    # Audit rows are written by whichever worker consumes the event, so with several
+    # workers their ids need not follow the transitions; the event's time does.
+    for row in sorted(rows, key=lambda r: (datetime.fromisoformat(r["at"]), r["id"])):
         details = row["details"]
         by_node[row["target_id"]].append(
             (details["previous"], details["current"], details["decided_by"])
