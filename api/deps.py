@@ -25,8 +25,13 @@ from fastapi.security import APIKeyHeader
 from fastapi.security.base import SecurityBase
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.auth import admit_cached, authenticate_node, presented_credential
-from api.agent.heartbeat import HeartbeatCall, heartbeat_transaction
+from api.agent.auth import (
+    admit_cached,
+    authenticate_node,
+    presented_credential,
+    require_credential,
+)
+from api.agent.heartbeat import HeartbeatCall
 from api.errors import Forbidden, Unauthenticated
 from api.node_cache import CachedNode
 from api.state import ApiState, get_state
@@ -124,6 +129,7 @@ async def _node_session(
     cached = cached_node(state, presented_credential(authorization))
     async with contextlib.AsyncExitStack() as stack:
         if cached is None and shed_as is not None:
+            require_credential(authorization)
             stack.enter_context(state.shedder.admitted(shed_as))
         session = await stack.enter_async_context(state.sessions())
         await stack.enter_async_context(session.begin())
@@ -160,13 +166,10 @@ async def _heartbeat_call(
         yield HeartbeatCall(state, authorization, presented, cached=cached)
         return
     # Not cached: the transactional path, while it is not overloaded (api/shedding.py).
+    # Returning (or new, or this process has not seen it): the batch decides it.
+    presented = require_credential(authorization)
     with state.shedder.admitted(HEARTBEAT):
-        if presented is not None:
-            # Returning (or new, or this process has not seen it): the batch decides it.
-            yield HeartbeatCall(state, authorization, presented, returning=True)
-            return
-        async with heartbeat_transaction(state, authorization, presented) as call:
-            yield call
+        yield HeartbeatCall(state, authorization, presented, returning=True)
 
 
 async def require_operator(

@@ -120,16 +120,23 @@ def _admit(row: Row[Any], credential_id: uuid.UUID, serialized: bool) -> Authent
     )
 
 
-async def authenticate(
-    session: AsyncSession, credential: str, *, serialize: bool = True
-) -> AuthenticatedNode:
-    """The node whose credential (the bearer value) was presented. serialize=False skips
-    the node lock; only for paths that usually emit nothing."""
+def parse_presented(credential: str) -> secrets.PresentedSecret:
+    """The parts of a presented node credential, or the 401 for a value that cannot be
+    one: decided without the database."""
     presented = secrets.parse(NODE_CREDENTIAL_PREFIX, credential)
     if presented is None:
         raise Unauthenticated(
             "the value is not a node credential", code=ErrorCode.CREDENTIAL_MALFORMED
         )
+    return presented
+
+
+async def authenticate(
+    session: AsyncSession, credential: str, *, serialize: bool = True
+) -> AuthenticatedNode:
+    """The node whose credential (the bearer value) was presented. serialize=False skips
+    the node lock; only for paths that usually emit nothing."""
+    presented = parse_presented(credential)
     if serialize:
         await _lock_node_of(session, presented.id)
     row = await _load(session, presented.id)

@@ -104,6 +104,16 @@ async def test_overload_is_refused_with_retry_after_and_routine_heartbeats_still
             TELEMETRY, json=telemetry_body(refused_node.node_id, 1), headers=refused_node.headers
         )
         routine = await beat(cached)
+        # A request that is no node's is refused for what it is, shedding or not.
+        unpresentable = [
+            await fleet.post(HEARTBEAT, json=heartbeat_body(refused_node.node_id), headers=h)
+            for h in ({}, {"Authorization": "Bearer not-a-credential"})
+        ]
+        malformed_sample = await fleet.put(
+            TELEMETRY,
+            json=telemetry_body(refused_node.node_id, 1),
+            headers={"Authorization": "Basic eA=="},
+        )
         assert not waiting.done()
         release.set()
         held_answer = await waiting
@@ -111,6 +121,9 @@ async def test_overload_is_refused_with_retry_after_and_routine_heartbeats_still
     for shed in (shed_beat, shed_sample):
         refused(shed, 429, "overloaded")
         assert 1 <= int(shed.headers["Retry-After"]) <= 10, shed.headers
+    refused(unpresentable[0], 401, "credential_missing")
+    refused(unpresentable[1], 401, "credential_malformed")
+    refused(malformed_sample, 401, "credential_malformed")
     assert routine.status_code == 200, routine.text
     assert held_answer.status_code == 200, held_answer.text
     assert after.status_code == 200, after.text

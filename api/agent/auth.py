@@ -45,6 +45,13 @@ def presented_credential(authorization: str | None) -> secrets.PresentedSecret |
     return secrets.parse(NODE_CREDENTIAL_PREFIX, value)
 
 
+def require_credential(authorization: str | None) -> secrets.PresentedSecret:
+    """The credential in an Authorization header, or the typed 401 for a missing or
+    malformed one, before anything waits for the database: under overload such a
+    request is refused for what it is, not shed as if it were a node's."""
+    return node_credentials.parse_presented(bearer_value(authorization))
+
+
 async def authenticate_node(
     session: AsyncSession, authorization: str | None, *, serialize: bool = True
 ) -> AuthenticatedNode:
