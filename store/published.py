@@ -1,13 +1,17 @@
 """What the relay has already published, read back from the outbox: the admin event
-stream's resume (api/admin/events.py, `Last-Event-ID`). The outbox keeps every event
-with its position, the order the relay publishes in."""
+stream's resume (api/admin/events.py, `Last-Event-ID`), and its retention.
+
+The outbox keeps each event with its position, the order the relay publishes in, for
+the retention period after it was published (`prune`, scheduled by the workers); a
+resume from an event pruned since is overflow, as any unknown id is."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.models import OutboxEvent
@@ -31,3 +35,24 @@ async def published_after(
         .limit(limit)
     )
     return list(rows.scalars().all())
+
+
+async def prune(session: AsyncSession, *, retention_s: float, limit: int) -> int:
+    """Delete up to `limit` of the oldest events published more than `retention_s` ago
+    (the database clock); how many. An event not yet published is never deleted, however
+    old: it is the relay's backlog, not history."""
+    cutoff = func.now() - timedelta(seconds=retention_s)
+    # The relay publishes in position order, so the old published rows are the head of
+    # the primary key: the scan stops after `limit` of them.
+    oldest = (
+        select(OutboxEvent.position)
+        .where(OutboxEvent.sent_at.is_not(None), OutboxEvent.sent_at < cutoff)
+        .order_by(OutboxEvent.position)
+        .limit(limit)
+    )
+    result = await session.execute(
+        delete(OutboxEvent)
+        .where(OutboxEvent.position.in_(oldest.scalar_subquery()))
+        .returning(OutboxEvent.position)
+    )
+    return len(result.scalars().all())

@@ -18,12 +18,14 @@ from workers.database import Database
 from workers.deployments import reconcile
 from workers.leases import expire
 from workers.liveness import sweep
+from workers.outbox_retention import prune_outbox
 
 logger = logging.getLogger("modelforge.workers")
 
 LIVENESS_QUEUE = "liveness"
 LEASES_QUEUE = "leases"
 DEPLOYMENTS_QUEUE = "deployments"
+MAINTENANCE_QUEUE = "maintenance"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Actors:
     liveness_sweep: dramatiq.Actor[Any, Any]
     lease_expiry: dramatiq.Actor[Any, Any]
     deployment_reconcile: dramatiq.Actor[Any, Any]
+    outbox_prune: dramatiq.Actor[Any, Any]
 
 
 def _period(name: str, bucket: object) -> int:
@@ -50,6 +53,7 @@ def declare_actors(
     breaker: PartitionBreaker,
     leases: LeasePolicy,
     deployments: ReconcilePolicy,
+    outbox_retention_s: float,
 ) -> Actors:
     @dramatiq.actor(
         broker=broker,
@@ -91,8 +95,21 @@ def declare_actors(
         _period("deployment_reconcile", bucket)
         await reconcile(database.get().sessions, deployments)
 
+    @dramatiq.actor(
+        broker=broker,
+        actor_name="outbox_prune",
+        queue_name=MAINTENANCE_QUEUE,
+        max_retries=0,
+        time_limit=300_000,
+    )
+    async def outbox_prune(bucket: int) -> None:
+        """Delete the published events past the retention period. Idempotent."""
+        _period("outbox_prune", bucket)
+        await prune_outbox(database.get().sessions, outbox_retention_s)
+
     return Actors(
         liveness_sweep=liveness_sweep,
         lease_expiry=lease_expiry,
         deployment_reconcile=deployment_reconcile,
+        outbox_prune=outbox_prune,
     )

@@ -85,6 +85,7 @@ def run_worker_process(
         breaker,
         settings.lease_policy(),
         settings.reconcile_policy(),
+        settings.outbox_retention_s,
     )
     if settings.metrics_port:
         port = settings.metrics_port + index
@@ -112,6 +113,7 @@ def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
         Periodic(actors.liveness_sweep, settings.sweep_period_s),
         Periodic(actors.lease_expiry, settings.lease_sweep_period_s),
         Periodic(actors.deployment_reconcile, settings.deployment_sweep_period_s),
+        Periodic(actors.outbox_prune, settings.outbox_prune_period_s),
     ]
 
 

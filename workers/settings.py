@@ -63,3 +63,7 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     lease_sweep_period_s: float = Field(default=1.0, gt=0)
     # The deployment reconciler (workers/deployments.py).
     deployment_sweep_period_s: float = Field(default=2.0, gt=0)
+    # Published outbox events are kept this long (the admin event stream's resume reads
+    # them back), then deleted by a prune scheduled every outbox_prune_period_s.
+    outbox_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    outbox_prune_period_s: float = Field(default=60.0, gt=0)
