@@ -18,94 +18,28 @@ flags in the local YAML, except the `LOCAL_REFUSED` families (and the managed on
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-_MILLION: Final = 1_000_000
-_TOKENS: Final = 10_000_000
-
-
-@dataclass(frozen=True)
-class Whole:
-    """An integer within [lo, hi]."""
-
-    lo: int
-    hi: int
-
-    def check(self, value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return "an integer"
-        if not self.lo <= value <= self.hi:
-            return f"an integer from {self.lo} to {self.hi}"
-        return None
-
-    def json_schema(self) -> dict[str, Any]:
-        return {"type": "integer", "minimum": self.lo, "maximum": self.hi}
-
-
-@dataclass(frozen=True)
-class Real:
-    """A finite number within [lo, hi]."""
-
-    lo: float
-    hi: float
-
-    def check(self, value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return "a number"
-        if not math.isfinite(value) or not self.lo <= value <= self.hi:
-            return f"a number from {self.lo:g} to {self.hi:g}"
-        return None
-
-    def json_schema(self) -> dict[str, Any]:
-        return {"type": "number", "minimum": self.lo, "maximum": self.hi}
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed set of words."""
-
-    values: tuple[str, ...]
-
-    def check(self, value: object) -> str | None:
-        if not isinstance(value, str) or value not in self.values:
-            return "one of " + ", ".join(self.values)
-        return None
-
-    def json_schema(self) -> dict[str, Any]:
-        return {"type": "string", "enum": list(self.values)}
-
-
-@dataclass(frozen=True)
-class Switch:
-    """A flag without a value: true passes it, false leaves it out."""
-
-    def check(self, value: object) -> str | None:
-        return None if isinstance(value, bool) else "true or false"
-
-    def json_schema(self) -> dict[str, Any]:
-        return {"type": "boolean"}
-
-
-ArgType = Whole | Real | Choice | Switch
-
-SWITCH: Final = Switch()
-ON_OFF: Final = Choice(("on", "off"))
-ON_OFF_AUTO: Final = Choice(("on", "off", "auto"))
-CACHE_TYPES: Final = Choice(
-    ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+from schemas.llama_flag_types import (
+    CACHE_TYPES,
+    MILLION,
+    NGRAM,
+    ON_OFF,
+    ON_OFF_AUTO,
+    PENALTY,
+    PROBABILITY,
+    SWITCH,
+    THREADS,
+    TOKEN_COUNT,
+    TOKEN_COUNT_OR_ALL,
+    ArgType,
+    Choice,
+    Real,
+    Whole,
 )
-PROBABILITY: Final = Real(0.0, 1.0)
-PENALTY: Final = Real(-100.0, 100.0)
-TOKEN_COUNT: Final = Whole(0, _TOKENS)
-# -1: "the context size", "all", or "the default", as llama.cpp reads it.
-TOKEN_COUNT_OR_ALL: Final = Whole(-1, _TOKENS)
-THREADS: Final = Whole(-1, 4096)
-NGRAM: Final = Whole(1, 1024)
-
 
 # The flags a RuntimeProfile may carry, by the one spelling the wire accepts (the long
 # name, without dashes). Only tuning of the server's own compute: sampling defaults,
@@ -136,7 +70,7 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "swa-full": SWITCH,
     "ctx-checkpoints": Whole(0, 1024),
     "checkpoint-min-step": TOKEN_COUNT,
-    "cache-ram": Whole(-1, 16 * _MILLION),
+    "cache-ram": Whole(-1, 16 * MILLION),
     "cache-idle-slots": SWITCH,
     "no-cache-idle-slots": SWITCH,
     "cache-prompt": SWITCH,

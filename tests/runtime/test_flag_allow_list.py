@@ -11,16 +11,13 @@ from pathlib import Path
 import pytest
 
 from agent.runtime.server import child_environment
+from schemas.llama_flag_types import ArgType, Choice, Switch, Whole
 from schemas.llama_flags import (
     ALIASES,
     ALLOWED,
     LOCAL_REFUSED,
     REFUSED,
-    ArgType,
-    Choice,
     Family,
-    Switch,
-    Whole,
     local_refusals,
     profile_refusals,
 )
