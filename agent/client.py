@@ -31,6 +31,7 @@ from agent.errors import (
     Rejected,
     RequestFailed,
     Transient,
+    invalid_fields,
 )
 from agent.failover import FailoverTransport, environment_proxy
 from schemas.admin import CreateEnrollmentToken, EnrollmentTokenCreated
@@ -467,14 +468,12 @@ def _parse(answer: type[Answer], response: httpx.Response, method: str, path: st
     try:
         return answer.model_validate_json(response.content)
     except ValidationError as exc:
-        # The input may contain the credential (enroll): report only where it failed.
-        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
         raise Refused(
             method=method,
             path=path,
             failure_class=FailureClass.RESPONSE,
             status=response.status_code,
-            detail=f"unexpected answer; invalid fields: {', '.join(fields)[:200]}",
+            detail=f"unexpected answer; invalid fields: {invalid_fields(exc)}",
             correlation_id=response.headers.get(CORRELATION_HEADER),
         ) from None
 

@@ -19,7 +19,10 @@ nothing else: never the response body, never a secret.
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
+
+from pydantic import ValidationError
 
 from schemas.errors import ErrorCode
 
@@ -230,3 +233,19 @@ def advice_for(error: AgentError) -> str:
     if isinstance(error, Rejected | Conflict):
         return error.advice
     return str(error)
+
+
+def invalid_fields(exc: ValidationError) -> str:
+    """Where a value failed its wire type, never the value: it may hold a secret (an
+    enrollment answer) or text a log line should not carry (a control character)."""
+    fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+    return ", ".join(fields)[:200]
+
+
+def log_unexpected(logger: logging.Logger, message: str, exc: BaseException) -> None:
+    """`message` and what went wrong, for an error no caller expected. A ValidationError
+    is logged by its invalid fields alone: its text repeats the input."""
+    if isinstance(exc, ValidationError):
+        logger.error("%s: invalid fields: %s", message, invalid_fields(exc))
+    else:
+        logger.error("%s", message, exc_info=exc)

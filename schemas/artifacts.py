@@ -147,7 +147,7 @@ class ArtifactSpec(WireModel):
 
     repository: Repository
     commit: CommitId
-    files: list[ArtifactFile]
+    files: Annotated[list[ArtifactFile], Field(max_length=MAX_FILES)]
     target_root: RootPath
     reserve: ReservePolicy
 
@@ -210,7 +210,7 @@ class ArtifactClaim(WireModel):
 
     job_id: uuid.UUID
     kind: Literal[JobKind.ARTIFACT_ACQUIRE] = JobKind.ARTIFACT_ACQUIRE
-    attempt: int
+    attempt: Attempts
     spec: ArtifactSpec
     lease: Lease
 

@@ -110,6 +110,15 @@ FilePath = Annotated[
     AfterValidator(_segments_fit),
 ]
 RootPath = Annotated[str, Strict(), Field(max_length=1024, pattern=ROOT_PATTERN)]
+# A file on the node, as a lease names it: a root and a file's path joined (absolute, no
+# `.` or `..` segment, nothing a log line or a filesystem would misread). The node still
+# resolves it under its own artifact roots before it opens it.
+NodePath = Annotated[
+    str,
+    Strict(),
+    Field(max_length=2048, pattern=rf"^(?:/{_FILE_SEGMENT})+$"),
+    AfterValidator(_segments_fit),
+]
 
 # Numbers --------------------------------------------------------------------------------
 
@@ -130,6 +139,7 @@ Integer = Annotated[
     int, Strict(), Field(ge=-SAFE_INT_MAX, le=SAFE_INT_MAX), BeforeValidator(json_integer)
 ]
 Count = Annotated[int, Strict(), Field(ge=0, le=SAFE_INT_MAX), BeforeValidator(json_integer)]
+Positive = Annotated[int, Strict(), Field(ge=1, le=SAFE_INT_MAX), BeforeValidator(json_integer)]
 Flag = Annotated[bool, Strict()]
 # An int is a float (JSON does not tell them apart); a bool or a string is not.
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]

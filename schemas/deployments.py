@@ -20,12 +20,12 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag
 
-from schemas.base import Count, Number, Text, WireModel, json_integer
+from schemas.base import Count, NodePath, Number, Positive, Text, WireModel, json_integer
 from schemas.jobs import Attempts, JobKind, JobView, Lease, LeaseFence
 from schemas.runtime import (
     ArtifactRef,
     DeviceId,
-    ResolvedLora,
+    ResolvedLoras,
     RuntimeProgressView,
     ServerHealth,
     Sha256Hex,
@@ -131,27 +131,27 @@ class LoadSpec(WireModel):
 
     deployment_id: uuid.UUID
     # The name llama-server answers under (its alias), and clients call.
-    model: str
-    device_id: str
-    artifact_path: str
+    model: ServedModel
+    device_id: DeviceId
+    artifact_path: NodePath
     artifact_digest: Sha256Hex
     profile_id: uuid.UUID
-    profile_version: int
+    profile_version: Positive
     settings: StoredSettings
     draft_model: VerifiedFile | None = None
-    loras: list[ResolvedLora] = Field(default_factory=list)
+    loras: ResolvedLoras = Field(default_factory=list)
     environment_id: uuid.UUID
-    binary_sha256: str
-    max_concurrent: int
+    binary_sha256: Sha256Hex
+    max_concurrent: Concurrency
 
 
 class TargetSpec(WireModel):
     """What a deployment.health.v1, drain.v1 or unload.v1 lease carries."""
 
     deployment_id: uuid.UUID
-    device_id: str
+    device_id: DeviceId
     # Drain: how long invokes in flight may take to finish before the unload.
-    deadline_s: float = 0.0
+    deadline_s: DeadlineSeconds = 0.0
 
 
 TargetKind = Literal[JobKind.DEPLOYMENT_HEALTH, JobKind.DEPLOYMENT_DRAIN, JobKind.DEPLOYMENT_UNLOAD]
@@ -166,7 +166,7 @@ KINDS: Final = (
 class LoadClaim(WireModel):
     job_id: uuid.UUID
     kind: Literal[JobKind.DEPLOYMENT_LOAD] = JobKind.DEPLOYMENT_LOAD
-    attempt: int
+    attempt: Attempts
     spec: LoadSpec
     lease: Lease
 
@@ -174,7 +174,7 @@ class LoadClaim(WireModel):
 class TargetClaim(WireModel):
     job_id: uuid.UUID
     kind: TargetKind
-    attempt: int
+    attempt: Attempts
     spec: TargetSpec
     lease: Lease
 

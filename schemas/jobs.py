@@ -19,7 +19,7 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
 
-from schemas.base import SAFE_INT_MAX, Flag, Note, WireModel, json_integer
+from schemas.base import SAFE_INT_MAX, Flag, Note, Number, WireModel, json_integer
 
 
 class JobKind(StrEnum):
@@ -52,6 +52,8 @@ TERMINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobStat
 
 Epoch = Annotated[int, Strict(), Field(ge=1, le=SAFE_INT_MAX), BeforeValidator(json_integer)]
 Attempts = Annotated[int, Strict(), Field(ge=1, le=20), BeforeValidator(json_integer)]
+# A node sleeps on it between renewals: never zero (a busy loop), never past a day.
+RenewWithin = Annotated[Number, Field(gt=0, le=86_400)]
 
 
 class Lease(WireModel):
@@ -60,10 +62,10 @@ class Lease(WireModel):
     lease_id: uuid.UUID
     # The fencing value: it grows with every claim of the job, so a report carrying an
     # older one comes from a holder that lost the lease.
-    epoch: int
+    epoch: Epoch
     expires_at: datetime
     # Report progress at least this often to keep the lease.
-    renew_within_s: float
+    renew_within_s: RenewWithin
 
 
 class LeaseFence(WireModel):

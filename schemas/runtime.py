@@ -27,8 +27,10 @@ from schemas.base import (
     FilePath,
     Flag,
     Integer,
+    NodePath,
     Note,
     Number,
+    Positive,
     Text,
     WireModel,
     json_integer,
@@ -245,12 +247,16 @@ class VerifiedFile(WireModel):
     """A file on the node, resolved from an artifact reference: its absolute path in the
     node's artifact root and the digest the node checks before using it."""
 
-    path: str
+    path: NodePath
     sha256: Sha256Hex
 
 
 class ResolvedLora(VerifiedFile):
-    scale: float = 1.0
+    scale: LoraScale = 1.0
+
+
+# As many as a profile may name (ProfileCreate: loras).
+ResolvedLoras = Annotated[list[ResolvedLora], Field(max_length=8)]
 
 
 class ProbeSpec(WireModel):
@@ -258,31 +264,33 @@ class ProbeSpec(WireModel):
     checks `settings` against the allow-list again before it builds argv (the node does
     not trust that the control plane did), and refuses the lease otherwise."""
 
-    artifact_path: str
+    artifact_path: NodePath
     artifact_digest: Sha256Hex
     profile_id: uuid.UUID
-    profile_version: int
+    profile_version: Positive
     settings: StoredSettings
     # The profile's draft model and LoRAs, resolved on this node.
     draft_model: VerifiedFile | None = None
-    loras: list[ResolvedLora] = Field(default_factory=list)
+    loras: ResolvedLoras = Field(default_factory=list)
     environment_id: uuid.UUID
-    binary_sha256: str
-    device_id: str | None = None
-    prompt: str = PROBE_PROMPT
-    max_tokens: int = PROBE_MAX_TOKENS
+    binary_sha256: Sha256Hex
+    device_id: DeviceId | None = None
+    prompt: Annotated[Text, Field(max_length=500)] = PROBE_PROMPT
+    max_tokens: Annotated[int, Strict(), Field(ge=1, le=64), BeforeValidator(json_integer)] = (
+        PROBE_MAX_TOKENS
+    )
 
 
 class DeviceSpec(WireModel):
     """What a runtime.health.v1 or runtime.unload.v1 lease carries: the device."""
 
-    device_id: str
+    device_id: DeviceId
 
 
 class ProbeClaim(WireModel):
     job_id: uuid.UUID
     kind: Literal[JobKind.RUNTIME_PROBE] = JobKind.RUNTIME_PROBE
-    attempt: int
+    attempt: Attempts
     spec: ProbeSpec
     lease: Lease
 
@@ -290,7 +298,7 @@ class ProbeClaim(WireModel):
 class DeviceJobClaim(WireModel):
     job_id: uuid.UUID
     kind: DeviceKind
-    attempt: int
+    attempt: Attempts
     spec: DeviceSpec
     lease: Lease
 

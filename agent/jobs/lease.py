@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from enum import StrEnum
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from agent.errors import RequestFailed, Transient
 from schemas.jobs import FailAnswer, Lease, LeaseFence, ProgressAnswer
@@ -55,11 +56,26 @@ class Reports(Protocol[ProgressIn, DoneIn, FailIn]):
     async def fail(self, job_id: uuid.UUID, report: FailIn) -> FailAnswer: ...
 
 
+# What the wire's Note refuses (schemas/base.py: NO_CONTROL_CHARACTERS), and what would
+# disguise a log line: line separators and bidirectional overrides.
+_UNPRINTABLE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+DETAIL_CHARS: Final = 500
+
+
+def printable_detail(text: str) -> str:
+    """`text` as one safe line of at most DETAIL_CHARS: a failure's detail may quote a
+    lease's value or an error's text, and it goes into the log and a Note on the wire,
+    which refuses control characters (a fail report refused is a fail report lost)."""
+    escaped = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+    return escaped[:DETAIL_CHARS]
+
+
 class Failed(Exception):
     """The job failed on this node: its kind's failure code, whether another attempt
-    may help, and a detail for the operator."""
+    may help, and a detail for the operator (made printable_detail)."""
 
     def __init__(self, code: StrEnum, detail: str, *, retryable: bool) -> None:
+        detail = printable_detail(detail)
         super().__init__(detail)
         self.code = code
         self.detail = detail

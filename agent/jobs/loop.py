@@ -9,6 +9,9 @@ correct. The agent runs one for artifact jobs, the runtime worker one for its ki
 * **Refusals**: a refused claim is logged once per episode (the agent's publisher
   reports refusals of the credential); on 401/403 the loop backs off to
   `REFUSED_BACKOFF` polls, as no claim will succeed until the node's standing changes.
+* **Anything else** that a claim raises (a bug, or a lease this node cannot take on)
+  is logged with its traceback once per episode and backed off the same way: the loop
+  is the node's only way to get work, so nothing a claim does may end it.
 * **Stop**: when `stop` is set, or the loop is cancelled, the jobs still running are
   cancelled with it: their leases expire and the next attempt does the work.
 """
@@ -20,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from agent.errors import Rejected, RequestFailed
+from agent.errors import Rejected, RequestFailed, log_unexpected
 from agent.jobs.wakeups import wait_for_wake
 
 logger = logging.getLogger("modelforge.agent.jobs")
@@ -59,8 +62,9 @@ async def claim_loop(
     def ended(task: asyncio.Task[str]) -> None:
         running.discard(task)
         room.release()
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("%s: a job ended with an error", what, exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log_unexpected(logger, f"{what}: a job ended with an error", error)
 
     try:
         while not stop.is_set():
@@ -81,6 +85,14 @@ async def claim_loop(
                     room.release()
                     await wait_for_wake(stop, wake, poll_s * REFUSED_BACKOFF)
                     continue
+            except Exception as exc:
+                kind = f"unexpected {type(exc).__name__}"
+                if failing != kind:
+                    log_unexpected(logger, f"claiming {what} raised; backing off", exc)
+                failing = kind
+                room.release()
+                await wait_for_wake(stop, wake, poll_s * REFUSED_BACKOFF)
+                continue
             if claimed is None:
                 room.release()
                 await wait_for_wake(stop, wake, poll_s)

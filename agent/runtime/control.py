@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.client import ProtocolClient
-from agent.errors import Conflict, RequestFailed
+from agent.errors import Conflict, RequestFailed, log_unexpected
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, wait_for_wake
 from agent.runtime.channel import RuntimeChannel
@@ -153,7 +153,12 @@ class ControlPlane:
     async def reports(self, stop: asyncio.Event) -> None:
         interval = self.worker.config.report_interval_s
         while not stop.is_set():
-            await self.send_report()
+            try:
+                await self.send_report()
+            except Exception as exc:
+                # The report is the node's runtime state for the control plane: a
+                # report that cannot be built this time must not end the next ones.
+                log_unexpected(logger, "the runtime report could not be sent", exc)
             await wait_for_wake(stop, self.changed, interval)
             await asyncio.sleep(0.2)  # a burst of changes is one report
 

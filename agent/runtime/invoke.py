@@ -44,7 +44,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent.client import ProtocolClient
-from agent.errors import RequestFailed
+from agent.errors import RequestFailed, invalid_fields
 from agent.runtime.api import RELAY_ERRORS, STREAM_DONE, STREAM_FAILED
 from agent.runtime.deployments import Deployed
 from agent.runtime.worker import RuntimeWorker
@@ -132,8 +132,7 @@ async def run_invoke(
     try:
         invoke = Invoke.model_validate_json(_as_json(delivered))
     except ValidationError as exc:
-        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
-        refusal = _refused(422, "invoke_invalid", f"invalid fields: {', '.join(fields)}"[:500])
+        refusal = _refused(422, "invoke_invalid", f"invalid fields: {invalid_fields(exc)}")
         return await _refuse(client, outer, refusal)
     try:
         deployed = _admit(worker, invoke)

@@ -110,6 +110,6 @@ class RuntimeJob(LeasedJob[RuntimeJobProgress, Done, RuntimeJobFail]):
             lease=self.fence,
             code=RuntimeFailure(failure.code),
             retryable=failure.retryable,
-            detail=failure.detail[:500],
+            detail=failure.detail,
             health=failure.health if isinstance(failure, RuntimeFailed) else None,
         )
