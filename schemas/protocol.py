@@ -44,6 +44,10 @@ RUNTIME_JOB_FAIL: Final = f"{AGENT_PREFIX}/runtime-probes/{{job_id}}/fail"
 # "kind": "runtime.probe.v1"}` when the node has work (or a cancel); comments as
 # keep-alives. A wake-up, never the work; the kind says which of the node's loops claims.
 NOTIFICATIONS: Final = f"{AGENT_PREFIX}/notifications"
+# The most a node reads of one line or one event of a held channel: an invoke carries
+# its request body (1 MiB by default, API_MAX_BODY_BYTES), JSON-escaped; beyond this the
+# node drops the channel and reconnects rather than hold an endless line in memory.
+MAX_CHANNEL_EVENT_BYTES: Final = 16 * 1024 * 1024
 
 ADMIN_PREFIX: Final = "/api/v1/admin"
 TOKENS: Final = f"{ADMIN_PREFIX}/hardware/enrollment-tokens"

@@ -6,7 +6,12 @@ loop. While the channel is down (API restarting, NATS down, a proxy that cuts lo
 requests) the loops' polling carries on alone, so nothing depends on it.
 
 `hold_events` (a held SSE request, reconnected with backoff) and `EventReader` (its
-events, line by line) serve the runtime worker's channel too (agent/runtime/channel.py)."""
+events, line by line) serve the runtime worker's channel too (agent/runtime/channel.py).
+
+What the API sends is read within bounds: a line or an event longer than
+MAX_CHANNEL_EVENT_BYTES ends the request (TooLong: reconnected like a dropped one), and
+a note's data is parsed only when it is short and flat, so no answer can hold the
+node's memory or reach Python's recursive JSON parser."""
 
 from __future__ import annotations
 
@@ -14,18 +19,21 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 import httpx
 
 from agent.client import ProtocolClient
+from schemas.bounded import depth
 from schemas.jobs import JobKind
-from schemas.protocol import NOTIFICATIONS
+from schemas.protocol import MAX_CHANNEL_EVENT_BYTES, NOTIFICATIONS
 
 logger = logging.getLogger("modelforge.agent.jobs")
 
 # Longer than the server's keep-alive interval (15 s): silence beyond it is a dead stream.
 READ_TIMEOUT_S = 40.0
+# A job note is `{"event", "job_id", "kind"}`: anything longer or nested is not one.
+MAX_NOTE_BYTES = 1024
 
 
 class Wakeups:
@@ -72,6 +80,10 @@ class Refused(Exception):
         self.status = status
 
 
+class TooLong(Exception):
+    """A line or an event of the held request passed MAX_CHANNEL_EVENT_BYTES."""
+
+
 async def hold_events(
     client: ProtocolClient,
     paths: Sequence[str],
@@ -96,7 +108,7 @@ async def hold_events(
                     if refused.status != 404 or index == len(paths) - 1:
                         raise
             delay = 0.5
-        except (httpx.HTTPError, Refused) as exc:
+        except (httpx.HTTPError, Refused, TooLong) as exc:
             if not announced:
                 logger.info("%s unavailable (%s); polling", what, type(exc).__name__)
                 announced = True
@@ -119,7 +131,7 @@ async def _hold(
             raise Refused(r.status_code)
         listening = False
         reader = EventReader()
-        async for line in r.aiter_lines():
+        async for line in bounded_lines(r.aiter_bytes(), MAX_CHANNEL_EVENT_BYTES):
             if not listening:
                 # The API sends its first line once the channel is registered: anything
                 # created before (while the channel was down) is claimed now, and
@@ -131,23 +143,49 @@ async def _hold(
                 on_event(*complete)
 
 
+async def bounded_lines(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[str]:
+    """The lines of a byte stream (`\\n` or `\\r\\n` ended, as the API writes them), or
+    TooLong once a line passes `max_bytes` before its end arrives."""
+    pending = bytearray()
+    async for chunk in chunks:
+        pending += chunk
+        if b"\n" in chunk:
+            *lines, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                if len(line) > max_bytes:
+                    raise TooLong(f"a line longer than {max_bytes} bytes")
+                yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+        if len(pending) > max_bytes:
+            raise TooLong(f"a line longer than {max_bytes} bytes")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 class EventReader:
     """Server-sent events, line by line: `feed` answers (event, data) at the blank line
-    that ends an event; comments (keep-alives) and `retry:` are skipped."""
+    that ends an event; comments (keep-alives) and `retry:` are skipped. An event whose
+    data passes `max_bytes` raises TooLong."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_CHANNEL_EVENT_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._event: str | None = None
         self._data: list[str] = []
+        self._size = 0
 
     def feed(self, line: str) -> tuple[str | None, str] | None:
         if line.startswith("event:"):
             self._event = line.removeprefix("event:").strip()
         elif line.startswith("data:"):
-            self._data.append(line.removeprefix("data:").strip())
+            data = line.removeprefix("data:").strip()
+            self._size += len(data) + 1
+            if self._size > self.max_bytes:
+                raise TooLong(f"an event longer than {self.max_bytes} bytes")
+            self._data.append(data)
         elif line == "":  # the end of one event
             complete = (self._event, "\n".join(self._data))
             seen = self._event is not None or self._data
-            self._event, self._data = None, []
+            self._event, self._data, self._size = None, [], 0
             return complete if seen else None
         return None
 
@@ -155,8 +193,11 @@ class EventReader:
 def note_kind(data: str) -> str | None:
     """The job kind a notification's data names; None when it names none (an older API,
     or data this node cannot read: then every loop claims, which is always safe)."""
+    raw = data.encode()
+    if len(raw) > MAX_NOTE_BYTES or depth(raw) > 1:
+        return None
     try:
-        note = json.loads(data)
+        note = json.loads(raw)
     except ValueError:
         return None
     kind = note.get("kind") if isinstance(note, dict) else None
