@@ -56,6 +56,12 @@ class HubState:
     tree_page: int | None = None
     # The tree's next-page link points here instead (a hostile source).
     tree_next: str | None = None
+    # A file's download answers 302 to this Location (relative or absolute), as the
+    # Hub sends LFS files to its CDN; a request with `signed=1` in its query is the
+    # CDN's, served without the token, as a signed URL is.
+    redirects: dict[str, str] = field(default_factory=dict)
+    # (Host, Authorization or "") of every request, in order.
+    authorizations: list[tuple[str, str]] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
 
     def add(self, repository: str, revision: str, commit: str, files: dict[str, bytes]) -> None:
@@ -112,8 +118,13 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = unquote(urlsplit(self.path).path)
+            signed = "signed=1" in urlsplit(self.path).query
             state.requests.append(path)
-            if state.token and self.headers.get("Authorization") != f"Bearer {state.token}":
+            state.authorizations.append(
+                (self.headers.get("Host", ""), self.headers.get("Authorization", ""))
+            )
+            authorized = self.headers.get("Authorization") == f"Bearer {state.token}"
+            if state.token and not signed and not authorized:
                 self._json(401, {"error": "unauthorized"})
                 return
             if path in state.raw_answers:
@@ -164,6 +175,10 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": "entry not found"})
                 return
             data = state.corrupt.get(file_path, data)
+            location = state.redirects.get(file_path)
+            if location is not None and "signed=1" not in urlsplit(self.path).query:
+                self._send(302, b"", {"Location": location})
+                return
             state.ranges.append((file_path, self.headers.get("Range", "")))
             ranged = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
             start = int(ranged.group(1)) if ranged else 0

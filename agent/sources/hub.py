@@ -9,21 +9,29 @@ Streamed with aiohttp rather than `huggingface_hub` or httpx:
 * httpx's async client reads about 200 MiB/s on loopback where curl reads 900
   (ops/bench/jobs.py); aiohttp's C parser reads over 1 GiB/s, and its `sock_read`
   timeout is the stall rule exactly: no byte for N seconds.
-Redirects are followed (the Hub sends LFS files to a CDN); aiohttp drops the
-Authorization header on a redirect to another origin, so the token (optional) goes
-only to the configured endpoint. Bodies are taken as sent (no decompression), since the
-digest is of the file's bytes.
+Redirects are followed (the Hub sends LFS files to a CDN), by hand and only where
+agent/sources/reach.py allows; the token (optional) goes only to the configured
+endpoint's origin. Bodies are taken as sent (no decompression), since the digest is of
+the file's bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
+from agent.sources.reach import (
+    MAX_REDIRECTS,
+    REDIRECTS,
+    GuardedResolver,
+    redirect_refusal,
+    same_origin,
+)
 from schemas.jobs import FailureCode
 
 
@@ -61,6 +69,7 @@ def source_session(
     """The HTTP session a HubSource downloads with (the caller closes it)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=stall_s)
     return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(resolver=GuardedResolver()),
         timeout=timeout,
         trust_env=trust_env,
         auto_decompress=False,
@@ -93,20 +102,17 @@ class HubSource:
     async def open(
         self, repository: str, commit: str, path: str, offset: int
     ) -> AsyncIterator[Download]:
-        headers = {"Accept-Encoding": "identity"}
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
         stall_s = self._session.timeout.sock_read
         try:
-            async with self._session.get(
-                self.url(repository, commit, path), headers=headers
-            ) as response:
+            async with self._followed(URL(self.url(repository, commit, path)), offset) as response:
                 _check(response.status, path)
                 start = offset if response.status == 206 else 0
                 _read_larger(response)
                 yield Download(start, _as_received(response.content))
+        except RedirectRefused as refused:
+            raise SourceFailed(
+                FailureCode.SOURCE_UNAVAILABLE, False, f"{path}: redirect refused ({refused})"
+            ) from None
         except TimeoutError:
             raise SourceFailed(
                 FailureCode.STALLED, True, f"{path}: no data for {stall_s:g} s"
@@ -115,6 +121,38 @@ class HubSource:
             raise SourceFailed(
                 FailureCode.SOURCE_UNAVAILABLE, True, f"{path}: {type(exc).__name__}"
             ) from None
+
+    @asynccontextmanager
+    async def _followed(self, url: URL, offset: int) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The answer at the end of the source's redirects, each one allowed first."""
+        endpoint = URL(self.endpoint)
+        async with AsyncExitStack() as stack:
+            for _ in range(MAX_REDIRECTS + 1):
+                headers = {"Accept-Encoding": "identity"}
+                if offset:
+                    headers["Range"] = f"bytes={offset}-"
+                if self._token and same_origin(url, endpoint):
+                    headers["Authorization"] = f"Bearer {self._token}"
+                response = await stack.enter_async_context(
+                    self._session.get(url, headers=headers, allow_redirects=False)
+                )
+                location = response.headers.get("Location")
+                if response.status not in REDIRECTS or location is None:
+                    yield response
+                    return
+                try:
+                    target = url.join(URL(location))
+                except ValueError:
+                    raise RedirectRefused("a Location that is no URL") from None
+                if (why := redirect_refusal(endpoint, target)) is not None:
+                    raise RedirectRefused(why)
+                response.release()
+                url = target
+            raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects")
+
+
+class RedirectRefused(Exception):
+    """A redirect the source may not send the agent to (its reason, safe to log)."""
 
 
 def _read_larger(response: aiohttp.ClientResponse) -> None:

@@ -1,0 +1,169 @@
+"""Where an artifact source may send the agent (agent/sources/reach.py): in this process
+against the real API and a real Hub-layout server, a redirect to a CDN is followed with
+the token kept to the endpoint's origin, and a redirect to the metadata service, a
+redirect loop or an unreadable Location fails the job for good before any request is
+made there. The rules themselves are checked one by one."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+from agent.client import ProtocolClient, make_http_client
+from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.jobs.paths import artifact_dir
+from agent.sources.hub import HubSource, source_session
+from agent.sources.reach import GuardedResolver, Reach, reach_of, redirect_refusal
+from tests.agent.claimed_jobs import one_file_job
+from tests.api_server import ApiFactory, RunningApi
+from tests.artifact_flows import content, get_job
+from tests.flows import EnrolledNode
+from tests.hub_server import HubServer
+
+REPO = "acme/cdn-model"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+NAME = "model.gguf"
+DATA = content("cdn model", 3 << 20)
+TOKEN = "hf_test_token"
+RESOLVE = f"/{REPO}/resolve/{COMMIT}/{NAME}"
+
+
+@asynccontextmanager
+async def job_for(
+    api: RunningApi, node: EnrolledNode, hub: HubServer, root: Path
+) -> AsyncIterator[ArtifactJob]:
+    settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.5, stall_s=10)
+    async with (
+        make_http_client(api.base_url, trust_env=False) as http,
+        source_session(stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False) as session,
+    ):
+        client = ProtocolClient(http, node.credential)
+        claim = await client.claim_artifact_job()
+        assert claim is not None
+        yield ArtifactJob(
+            claim, ArtifactReports(client), HubSource(hub.url, TOKEN, session), settings
+        )
+
+
+def setup(
+    api_factory: ApiFactory, hub: HubServer, tmp_path: Path
+) -> tuple[RunningApi, EnrolledNode, Path, str]:
+    hub.state.add(REPO, "main", COMMIT, {NAME: DATA})
+    hub.state.token = TOKEN
+    root = tmp_path / "models"
+    root.mkdir()
+    api = api_factory(job_lease_s=30)
+    node, job_id = one_file_job(api, root, REPO, COMMIT, NAME, DATA, max_attempts=3)
+    return api, node, root, job_id
+
+
+async def test_a_redirect_to_the_cdn_is_followed_and_the_token_stays_with_the_endpoint(
+    api_factory: ApiFactory, hub: HubServer, tmp_path: Path
+) -> None:
+    api, node, root, _ = setup(api_factory, hub, tmp_path)
+    port = URL(hub.url).port
+    # Another origin (a name, not the address), as the Hub's CDN is.
+    hub.state.redirects[NAME] = f"http://localhost:{port}{RESOLVE}?signed=1"
+    async with job_for(api, node, hub, root) as job:
+        assert await job.run() == "completed"
+    assert (artifact_dir(root, REPO, COMMIT) / NAME).read_bytes() == DATA
+    asked, followed = hub.state.authorizations[-2:]
+    assert asked == (f"127.0.0.1:{port}", f"Bearer {TOKEN}")
+    assert followed == (f"localhost:{port}", ""), "the token went to another origin"
+
+
+@pytest.mark.parametrize(
+    ("location", "why"),
+    [
+        ("http://169.254.169.254/latest/meta-data/iam/", "link-local"),
+        ("http://[fe80::1]/x", "link-local"),
+        ("http://0.0.0.0:1/x", "link-local"),
+        ("file:///etc/shadow", "not an http or https address"),
+        (RESOLVE, "more than 5 redirects"),  # to itself, for ever
+        ("http://[::1", "no URL"),
+    ],
+)
+async def test_a_redirect_the_agent_may_not_follow_fails_the_job_for_good(
+    api_factory: ApiFactory, hub: HubServer, tmp_path: Path, location: str, why: str
+) -> None:
+    api, node, root, job_id = setup(api_factory, hub, tmp_path)
+    hub.state.redirects[NAME] = location
+    async with job_for(api, node, hub, root) as job:
+        assert await job.run() == "source_unavailable"
+    with api.client() as operator:
+        failed = get_job(operator, api, job_id)
+    assert failed["state"] == "failed", "a refused redirect is not retried"
+    assert "redirect refused" in failed["failure"]["detail"]
+    assert why in failed["failure"]["detail"]
+    downloads = [path for path in hub.state.requests if path == RESOLVE]
+    assert len(downloads) == (6 if why.startswith("more than") else 1)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("endpoint", "target", "refused"),
+    [
+        ("https://huggingface.co", "https://cdn-lfs.hf.co/x", None),
+        ("https://huggingface.co", "http://cdn-lfs.hf.co/x", "down to plain http"),
+        ("https://huggingface.co", "https://10.1.2.3/x", "private"),
+        ("https://huggingface.co", "https://127.0.0.1/x", "loopback"),
+        ("https://huggingface.co", "https://localhost/x", "loopback"),
+        ("https://huggingface.co", "https://[::ffff:169.254.169.254]/x", "link-local"),
+        ("http://10.0.0.5:8080", "http://10.0.0.6/x", None),
+        ("http://10.0.0.5:8080", "http://127.0.0.1/x", "loopback"),
+        ("http://127.0.0.1:9", "http://10.0.0.6/x", None),
+        ("http://127.0.0.1:9", "ftp://127.0.0.1/x", "not an http"),
+    ],
+)
+def test_the_redirect_rule(endpoint: str, target: str, refused: str | None) -> None:
+    why = redirect_refusal(URL(endpoint), URL(target))
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+
+
+@pytest.mark.fast
+def test_the_reach_of_a_host() -> None:
+    assert reach_of("huggingface.co") == Reach.PUBLIC
+    assert reach_of("8.8.8.8") == Reach.PUBLIC
+    assert reach_of("192.168.1.4") == Reach.PRIVATE
+    assert reach_of("[::1]") == Reach.LOOPBACK
+    assert reach_of("api.localhost") == Reach.LOOPBACK
+    assert reach_of("169.254.169.254") is None
+    assert reach_of("224.0.0.1") is None
+    assert reach_of(None) is None
+
+
+class Answering(AbstractResolver):
+    """A name server's answer (the network's edge): what a hostile DNS record holds."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.addresses = addresses
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        return [
+            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
+            for a in self.addresses
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.fast
+async def test_a_name_that_resolves_to_the_metadata_service_is_refused() -> None:
+    with pytest.raises(OSError, match="no artifact source is at"):
+        await GuardedResolver(Answering("169.254.169.254")).resolve("metadata.evil", 80)
+    mixed = await GuardedResolver(Answering("169.254.169.254", "10.0.0.7")).resolve("m", 80)
+    assert [r["host"] for r in mixed] == ["10.0.0.7"]
+    real = await GuardedResolver().resolve("localhost", 80)
+    assert real and all(r["host"] in ("127.0.0.1", "::1") for r in real)
