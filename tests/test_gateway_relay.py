@@ -106,6 +106,50 @@ def test_an_invoke_carries_typed_parameters_and_its_answer_comes_back_with_recei
     assert float(response.headers[ROUTE_OVERHEAD_HEADER]) >= 0
 
 
+@pytest.mark.parametrize("claimed", ["text/html; charset=utf-8", "image/svg+xml", "x" * 100])
+def test_the_answer_is_served_as_json_whatever_content_type_the_node_claims(
+    gateway_api: RunningApi, pool: ThreadPoolExecutor, claimed: str
+) -> None:
+    """The node is outside the trust boundary: an answer it labels as a page or an
+    image would run as one on the API's origin (the dashboard's), so a plain answer is
+    always served as JSON, never sniffed."""
+    with gateway_api.client() as client:
+        deployed = ready_deployment(client, gateway_api)
+        secret = service_client(client, gateway_api)
+    with runtime_channel(gateway_api, deployed.node) as channel:
+        answered: Future[httpx.Response] = pool.submit(call, gateway_api, secret)
+        invoke = channel.next_invoke()
+        stream = answer_invoke(
+            gateway_api, deployed.node, invoke, completion("<script>x()</script>"),
+            content_type=claimed,
+        )  # fmt: skip
+        assert stream.status_code == 200 and stream.json()["accepted"], stream.text
+        response = answered.result(20)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.json()["choices"][0]["message"]["content"] == "<script>x()</script>"
+
+
+def test_a_refusal_body_nested_past_any_parser_is_passed_through_as_a_422(
+    gateway_api: RunningApi, pool: ThreadPoolExecutor
+) -> None:
+    """The refusal's body is the node's: reading its code must not recurse (json's
+    parser raised RecursionError on it, a 500 to the client)."""
+    with gateway_api.client() as client:
+        deployed = ready_deployment(client, gateway_api)
+        secret = service_client(client, gateway_api)
+    with runtime_channel(gateway_api, deployed.node) as channel:
+        answered: Future[httpx.Response] = pool.submit(call, gateway_api, secret)
+        invoke = channel.next_invoke()
+        nested = b"[" * 200_000 + b"]" * 200_000
+        stream = answer_invoke(gateway_api, deployed.node, invoke, nested, status=400)
+        assert stream.status_code == 200, stream.text
+        response = answered.result(20)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "validation_failed"
+
+
 def test_a_stale_invoke_lease_holder_is_refused(
     gateway_api: RunningApi, pool: ThreadPoolExecutor
 ) -> None:

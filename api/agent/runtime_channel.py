@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from api.deps import NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
-from api.gateway.relay import Ended, Opened, Verdict
+from api.gateway.relay import Ended, Opened, Verdict, answer_media_type
 from schemas.base import SAFE_INT_MAX, WireModel
 from schemas.errors import ErrorCode
 from schemas.protocol import (
@@ -135,7 +135,7 @@ async def invoke_stream(
     invoke no gateway waits on (404), another node's (403), a lease that is not the
     invoke's current one (409: the gateway retried elsewhere)."""
     node_id = (await node_outside_transaction(state, authorization)).node_id
-    content_type = request.headers.get("content-type", "application/octet-stream")[:100]
+    content_type = answer_media_type(request.headers.get("content-type"))
     verdict, sink = await state.invokes.open_stream(
         node_id=node_id,
         invoke_id=invoke_id,

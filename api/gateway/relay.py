@@ -64,10 +64,23 @@ class Verdict(StrEnum):
     STALE = "stale"
 
 
+EVENT_STREAM = "text/event-stream"
+JSON = "application/json"
+
+
 @dataclass(frozen=True)
 class Opened:
     status: int
+    # What the gateway serves the answer as (answer_media_type), never the node's word.
     content_type: str
+
+
+def answer_media_type(declared: str | None) -> str:
+    """The media type a node's answer is served as: events for a stream, JSON for
+    anything else. The node is outside the trust boundary: an answer it labelled as a
+    page or an image would run as one on the API's origin, the dashboard's."""
+    media = (declared or "").split(";", 1)[0].strip().lower()
+    return EVENT_STREAM if media == EVENT_STREAM else JSON
 
 
 @dataclass(frozen=True)

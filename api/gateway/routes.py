@@ -34,6 +34,7 @@ from typing import Annotated, Any, NoReturn
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from api.deps import State
@@ -50,6 +51,7 @@ from schemas.gateway import (
     GatewayErrorBody,
     Invoke,
     InvokeParams,
+    InvokeRefusal,
     ModelEntry,
     ModelListing,
 )
@@ -329,8 +331,10 @@ class _Call:
                 continue
             break
         try:
-            return str(json.loads(raw).get("code", ""))
-        except (ValueError, AttributeError):
+            # pydantic's parser, not json's: a nested refusal must not recurse (a node's
+            # body is outside the trust boundary).
+            return InvokeRefusal.model_validate_json(raw).code
+        except ValidationError:
             return ""
 
     def _receipts(self, choice: Choice, overhead_s: float) -> dict[str, str]:
@@ -341,6 +345,8 @@ class _Call:
             ROUTE_DEVICE_HEADER: route.device_id,
             ROUTE_REASON_HEADER: choice.reason,
             ROUTE_OVERHEAD_HEADER: f"{overhead_s * 1000:.2f}",
+            # A browser takes the answer as its media type says, never as it looks.
+            "X-Content-Type-Options": "nosniff",
         }
 
     def _passthrough(self, opened: Opened, pending: Pending) -> NoReturn:
