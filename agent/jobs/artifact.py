@@ -220,7 +220,10 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
         pending: list[tuple[ArtifactFile, Path, Path]],
     ) -> None:
         staged = Staged(staged_path, file)
-        have = await asyncio.to_thread(staged.resume)
+        try:
+            have = await asyncio.to_thread(staged.resume)
+        except OSError as exc:
+            raise staging_failure(file, exc) from None
         if have == file.size:
             # Staged in full by an earlier attempt: nothing to ask the source for.
             if staged.verified():
@@ -250,13 +253,7 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
                 staged.discard()  # a stale staged part: start it over next time
             raise Failed(failure.code, failure.detail, retryable=failure.retryable) from None
         except OSError as exc:  # the staged file could not be written
-            code = (
-                FailureCode.INSUFFICIENT_SPACE
-                if exc.errno == errno.ENOSPC
-                else FailureCode.INTERNAL
-            )
-            detail = f"{file.path}: {exc.strerror or type(exc).__name__}"
-            raise Failed(code, detail, retryable=True) from None
+            raise staging_failure(file, exc) from None
         self.check()
         if have != file.size:
             staged.discard()
@@ -345,7 +342,7 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
             lease=self.fence,
             code=FailureCode(failure.code),
             retryable=failure.retryable,
-            detail=failure.detail[:500],
+            detail=failure.detail,
         )
 
     def on_failure(self, failure: Failed) -> None:
@@ -359,3 +356,14 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
 
     def on_lease_lost(self) -> None:
         logger.warning("%s: partial files kept for the next attempt", self.name)
+
+
+def staging_failure(file: ArtifactFile, exc: OSError) -> Failed:
+    """A staged file that could not be read or written, as the job's failure."""
+    detail = f"{file.path}: {exc.strerror or type(exc).__name__}"
+    if exc.errno == errno.ELOOP:
+        # A symlink planted where the staged file is, since the paths were checked.
+        return Failed(FailureCode.PATH_NOT_ALLOWED, detail, retryable=False)
+    if exc.errno == errno.ENOSPC:
+        return Failed(FailureCode.INSUFFICIENT_SPACE, detail, retryable=True)
+    return Failed(FailureCode.INTERNAL, detail, retryable=True)

@@ -65,7 +65,7 @@ class Staged:
             if self.file.size == 0:
                 self.path.touch()  # an empty file is staged in full: nothing to fetch
             return 0
-        with self.path.open("rb") as handle:
+        with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
             remaining = have
             while remaining and (block := handle.read(min(remaining, 1 << 20))):
                 self.hasher.update(block)
@@ -87,7 +87,9 @@ class Staged:
             # and the next metadata change then waits for that flush: 3-18 ms per file,
             # each time on the way to the rename.
             self.path.unlink(missing_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+        # paths.py checked the components for symlinks; NOFOLLOW keeps one planted in
+        # the staged file's place since from being written through.
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         try:
             if os.fstat(fd).st_size != offset:
                 os.ftruncate(fd, offset)  # what follows the offset is not ours any more

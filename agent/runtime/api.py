@@ -4,7 +4,8 @@ Plain Starlette routes (no schema layer on this path): the body is passed throug
 llama-server as it came, with only `model` checked and rewritten to the served name, and
 a `max_tokens` added when it has none (`default_max_tokens`).
 Errors use OpenAI's shape, `{"error": {"message", "type", "code"}}`:
-* unknown model → 404 `model_not_found`; a body that is not a JSON object → 400;
+* unknown model → 404 `model_not_found`; a body that is not a JSON object, or that
+  nests deeper than MAX_BODY_DEPTH → 400; a body over MAX_BODY_BYTES → 413;
   `max_tokens` above `max_tokens_ceiling` → 400 `max_tokens_too_large`;
 * the device's bound reached → 429 with Retry-After;
 * the device serves a deployment (pinned to its model, agent/runtime/devices.py) →
@@ -37,6 +38,7 @@ from agent.runtime.config import ModelSpec, RuntimeConfig
 from agent.runtime.devices import Busy, Pinned
 from agent.runtime.server import ServerFailed
 from agent.runtime.worker import RuntimeWorker
+from schemas.bounded import Unreadable, depth, read_capped
 from schemas.runtime_local import (
     LOCAL_CHAT_COMPLETIONS,
     LOCAL_HEALTH,
@@ -49,6 +51,11 @@ logger = logging.getLogger("modelforge.runtime.api")
 
 RETRY_BUSY_S = 1
 RETRY_NOT_READY_S = 5
+# A chat request, however long its conversation, is far below this; a local client that
+# sends more is refused before it holds the worker's memory.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# Python's json parser recurses: a request nested past this is refused before it parses.
+MAX_BODY_DEPTH = 64
 # Upstream headers worth relaying (hop-by-hop and length are the server's own business).
 _RELAYED = ("content-type", "cache-control")
 
@@ -140,7 +147,14 @@ def create_app(worker: RuntimeWorker, *, node_id: str, base_url: str) -> Starlet
             return openai_error(
                 503, "the runtime worker is stopping", "stopping", retry_after_s=RETRY_BUSY_S
             )
-        raw = await request.body()
+        try:
+            raw = await read_capped(
+                request.stream(), MAX_BODY_BYTES, declared=request.headers.get("content-length")
+            )
+        except Unreadable as exc:
+            return openai_error(413, exc.reason, "body_too_large")
+        if depth(raw) > MAX_BODY_DEPTH:
+            return openai_error(400, f"the body nests deeper than {MAX_BODY_DEPTH}", "invalid_json")
         try:
             body: Any = json.loads(raw)
         except ValueError:

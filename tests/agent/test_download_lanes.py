@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.jobs.artifact import staging_failure
 from agent.jobs.lanes import Lanes
 from agent.jobs.staging import Staged
 from schemas.artifacts import ArtifactFile
+from schemas.jobs import FailureCode
 from tests.artifact_flows import content, file_entry
 
 pytestmark = pytest.mark.fast
@@ -109,3 +111,24 @@ async def test_a_lane_that_fails_stops_the_download_with_its_error() -> None:
         await lanes.close()
     with pytest.raises(OSError, match="No space left"):
         await lanes.close()
+
+
+def test_a_symlink_planted_as_the_staged_part_is_neither_read_nor_written_through(
+    tmp_path: Path,
+) -> None:
+    """The paths are checked for symlinks before the job; one planted since is refused
+    at the open (O_NOFOLLOW), as a path the job may not use, never retried."""
+    data = content("planted", 10_000)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not the agent's" * 100)
+    staged = staged_file(tmp_path, data)
+    staged.path.symlink_to(outside)
+    with pytest.raises(OSError) as read:
+        staged.resume()
+    staged.begin(500)
+    with pytest.raises(OSError) as written:
+        staged.write([data[500:]])
+    assert outside.read_bytes() == b"not the agent's" * 100
+    for raised in (read.value, written.value):
+        failure = staging_failure(staged.file, raised)
+        assert failure.code == FailureCode.PATH_NOT_ALLOWED and not failure.retryable

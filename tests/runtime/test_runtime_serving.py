@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +76,13 @@ def test_bad_requests_get_openai_shaped_errors(
         assert unknown.json()["error"]["code"] == "model_not_found"
         broken = http.post("/v1/chat/completions", content=b"{not json")
         assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+        # Python's json parser recurses: this raised RecursionError, a 500.
+        nested = http.post("/v1/chat/completions", content=b"[" * 100_000 + b"]" * 100_000)
+        assert nested.status_code == 400 and nested.json()["error"]["code"] == "invalid_json"
+        huge = http.post("/v1/chat/completions", content=b" " * (17 * 1024 * 1024))
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+        # The worker still serves.
+        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
 
 
 def test_llama_server_listens_on_loopback_only(
@@ -91,6 +99,32 @@ def test_llama_server_listens_on_loopback_only(
         if c.status == psutil.CONN_LISTEN
     ]
     assert listening and all(address.ip == "127.0.0.1" for address in listening), listening
+
+
+def test_only_the_worker_may_call_its_llama_server(
+    runtimes: StartRuntime, one_model: dict[str, Any]
+) -> None:
+    # Loopback is shared by every local process of the node: one that finds the port
+    # must not chat past the worker's backpressure or read the slots' prompts.
+    runtime = runtimes(**one_model)
+    with runtime.client() as http:
+        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    pidfile = runtime.run_dir / "llama-server-cpu.json"
+    direct = f"http://127.0.0.1:{json.loads(pidfile.read_text())['port']}"
+    key_file = runtime.run_dir / "llama-server-cpu.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text()
+    assert key not in " ".join(psutil.Process(runtime.server_pid()).cmdline())
+    for path, body in (("/v1/chat/completions", chat("smol", max_tokens=1)), ("/slots", None)):
+        method = "POST" if body is not None else "GET"
+        refused = httpx.request(method, f"{direct}{path}", json=body, timeout=30)
+        assert refused.status_code == 401, (path, refused.status_code)
+        wrong = httpx.request(
+            method, f"{direct}{path}", json=body, headers={"Authorization": "Bearer x"}, timeout=30
+        )
+        assert wrong.status_code == 401, (path, wrong.status_code)
+    with runtime.client() as http:
+        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
 
 
 def test_past_the_startup_timeout_the_request_gets_503_with_retry_after(
