@@ -126,10 +126,12 @@ async def _node_session(
     # as a routine heartbeat's). Anything else is authenticated under the node lock and,
     # for the ingest routes (shed_as: the route), only while the transactional path is
     # not overloaded (api/shedding.py).
-    cached = cached_node(state, presented_credential(authorization))
+    presented = presented_credential(authorization)
+    cached = cached_node(state, presented)
     async with contextlib.AsyncExitStack() as stack:
         if cached is None and shed_as is not None:
-            require_credential(authorization)
+            if presented is None:
+                require_credential(authorization)  # the typed 401, before any shedding
             stack.enter_context(state.shedder.admitted(shed_as))
         session = await stack.enter_async_context(state.sessions())
         await stack.enter_async_context(session.begin())
@@ -160,14 +162,14 @@ async def _heartbeat_call(
 ) -> AsyncIterator[HeartbeatCall]:
     # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
     # no node lock up front, taken only when there is an event to emit.
-    presented = presented_credential(authorization)
+    # A missing or malformed credential is the typed 401 here, before any shedding.
+    presented = presented_credential(authorization) or require_credential(authorization)
     cached = cached_node(state, presented)
     if cached is not None:
         yield HeartbeatCall(state, authorization, presented, cached=cached)
         return
     # Not cached: the transactional path, while it is not overloaded (api/shedding.py).
     # Returning (or new, or this process has not seen it): the batch decides it.
-    presented = require_credential(authorization)
     with state.shedder.admitted(HEARTBEAT):
         yield HeartbeatCall(state, authorization, presented, returning=True)
 

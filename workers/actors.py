@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,33 @@ def _period(name: str, bucket: object) -> int:
     return bucket
 
 
+def _periodic(
+    broker: dramatiq.Broker,
+    name: str,
+    queue: str,
+    work: Callable[[], Awaitable[object]],
+    *,
+    time_limit_ms: int = 60_000,
+) -> dramatiq.Actor[Any, Any]:
+    """An actor the ticker sends once a period (workers/main.py). Each is idempotent,
+    decided from stored state; a run that fails is not retried, as the next period's
+    run does the same work anyway."""
+
+    async def run(bucket: int) -> None:
+        _period(name, bucket)
+        await work()
+
+    run.__name__ = run.__qualname__ = name
+    declare = dramatiq.actor(
+        broker=broker,
+        actor_name=name,
+        queue_name=queue,
+        max_retries=0,
+        time_limit=time_limit_ms,
+    )
+    return declare(run)
+
+
 def declare_actors(
     broker: dramatiq.Broker,
     database: AsyncResource[Database],
@@ -55,61 +83,33 @@ def declare_actors(
     deployments: ReconcilePolicy,
     outbox_retention_s: float,
 ) -> Actors:
-    @dramatiq.actor(
-        broker=broker,
-        actor_name="liveness_sweep",
-        queue_name=LIVENESS_QUEUE,
-        # A sweep is rescheduled every period anyway: retrying an old one is pointless.
-        max_retries=0,
-        time_limit=60_000,
-    )
-    async def liveness_sweep(bucket: int) -> None:
-        """Record every due liveness transition. Idempotent: decided from stored state."""
-        _period("liveness_sweep", bucket)
+    async def liveness() -> None:
+        """Record every due liveness transition."""
         transitions = await sweep(database.get().sessions, thresholds, breaker=breaker)
         for t in transitions:
             logger.info("node %s: %s -> %s", t.node_id, t.previous, t.current)
 
-    @dramatiq.actor(
-        broker=broker,
-        actor_name="lease_expiry",
-        queue_name=LEASES_QUEUE,
-        max_retries=0,
-        time_limit=60_000,
-    )
-    async def lease_expiry(bucket: int) -> None:
-        """Take back every expired job lease. Idempotent: decided from stored state."""
-        _period("lease_expiry", bucket)
+    async def lease_expiry() -> None:
+        """Take back every expired job lease."""
         await expire(database.get().sessions, leases)
 
-    @dramatiq.actor(
-        broker=broker,
-        actor_name="deployment_reconcile",
-        queue_name=DEPLOYMENTS_QUEUE,
-        max_retries=0,
-        time_limit=60_000,
-    )
-    async def deployment_reconcile(bucket: int) -> None:
-        """Move every deployment one step towards what is desired. Idempotent: decided
-        from stored state (the runtime workers' reports, the jobs, node liveness)."""
-        _period("deployment_reconcile", bucket)
+    async def deployment_reconcile() -> None:
+        """Move every deployment one step towards what is desired (from the runtime
+        workers' reports, the jobs, node liveness)."""
         await reconcile(database.get().sessions, deployments)
 
-    @dramatiq.actor(
-        broker=broker,
-        actor_name="outbox_prune",
-        queue_name=MAINTENANCE_QUEUE,
-        max_retries=0,
-        time_limit=300_000,
-    )
-    async def outbox_prune(bucket: int) -> None:
-        """Delete the published events past the retention period. Idempotent."""
-        _period("outbox_prune", bucket)
+    async def outbox_prune() -> None:
+        """Delete the published events past the retention period."""
         await prune_outbox(database.get().sessions, outbox_retention_s)
 
     return Actors(
-        liveness_sweep=liveness_sweep,
-        lease_expiry=lease_expiry,
-        deployment_reconcile=deployment_reconcile,
-        outbox_prune=outbox_prune,
+        liveness_sweep=_periodic(broker, "liveness_sweep", LIVENESS_QUEUE, liveness),
+        lease_expiry=_periodic(broker, "lease_expiry", LEASES_QUEUE, lease_expiry),
+        deployment_reconcile=_periodic(
+            broker, "deployment_reconcile", DEPLOYMENTS_QUEUE, deployment_reconcile
+        ),
+        # A prune of a long backlog deletes batch after batch: give it longer.
+        outbox_prune=_periodic(
+            broker, "outbox_prune", MAINTENANCE_QUEUE, outbox_prune, time_limit_ms=300_000
+        ),
     )

@@ -65,7 +65,7 @@ class HeartbeatCall:
 
     state: ApiState
     authorization: str | None
-    presented: PresentedSecret | None
+    presented: PresentedSecret
     cached: CachedNode | None = None
     session: AsyncSession | None = None
     node: AuthenticatedNode | None = None
@@ -77,7 +77,7 @@ class HeartbeatCall:
 
 @contextlib.asynccontextmanager
 async def heartbeat_transaction(
-    state: ApiState, authorization: str | None, presented: PresentedSecret | None
+    state: ApiState, authorization: str | None, presented: PresentedSecret
 ) -> AsyncIterator[HeartbeatCall]:
     """The transactional path; the node is cached only after the commit, and only if no
     change notification arrived since the read began (api/node_cache.py)."""
@@ -99,8 +99,7 @@ async def _transactional(call: HeartbeatCall, request: HeartbeatRequest) -> Hear
         request,
         heartbeat_interval_s=call.state.settings.heartbeat_interval_s,
     )
-    if call.presented is not None:
-        call.remember = cache_entry(call.node, call.presented, request)
+    call.remember = cache_entry(call.node, call.presented, request)
     return response
 
 
@@ -108,7 +107,6 @@ async def handle_heartbeat(call: HeartbeatCall, request: HeartbeatRequest) -> He
     cached = call.cached
     counted = call.state.metrics.heartbeats
     if call.returning:
-        assert call.presented is not None
         response = await call.state.returns.heartbeat(call.presented, request)
         if response is None:
             async with heartbeat_transaction(
