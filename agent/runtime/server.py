@@ -8,6 +8,11 @@ group of its own, readiness, layered health, and its stop.
   log grows, it spends CPU time, its resident memory grows) the timeout starts again,
   up to a hard cap. This llama-server logs only a few lines while loading, so the log
   alone would not do.
+* **Only the worker may call it.** Loopback is shared with every local user and process
+  of the node; each start gets a fresh random key (a 0600 file beside the log, handed to
+  llama-server by `--api-key-file`, never on argv where `ps` shows it), and the worker
+  sends it on every request. Without it a local process could bypass the worker's
+  backpressure and device accounting, or read other clients' prompts from `/slots`.
 * **Stop**: SIGTERM to the group, SIGKILL after the grace period (agent/processes.py).
   A pidfile per device names the process and its start time, so a runtime worker that
   was SIGKILLed reaps its leftover servers when it starts again (`reap_leftovers`).
@@ -20,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -73,10 +79,15 @@ class Health:
         return self.process_up and self.health_ok and self.model_listed
 
 
-def server_argv(binary: Path, model: ModelSpec, port: int) -> list[str]:
-    """The complete argv: fixed loopback binding, then the typed fields, then the typed
-    escape hatch. Each value is one argv element; nothing passes through a shell."""
+def server_argv(
+    binary: Path, model: ModelSpec, port: int, *, key_file: Path | None = None
+) -> list[str]:
+    """The complete argv: fixed loopback binding (and the worker's own key, when given),
+    then the typed fields, then the typed escape hatch. Each value is one argv element;
+    nothing passes through a shell."""
     argv = [str(binary), "--model", str(model.path), "--host", LOOPBACK, "--port", str(port)]
+    if key_file is not None:
+        argv += ["--api-key-file", str(key_file)]
     argv += ["--alias", model.served_name]
     numeric = {
         "--ctx-size": model.ctx_size,
@@ -149,6 +160,8 @@ class LlamaServer:
         name = device.id.replace(":", "-")
         self.log_path = run_dir / f"llama-server-{name}.log"
         self.pidfile = run_dir / f"llama-server-{name}.json"
+        self.key_file = run_dir / f"llama-server-{name}.key"
+        self._key = secrets.token_urlsafe(32)
         self._environment = environment
         self._process: subprocess.Popen[bytes] | None = None
         self.load_s: float | None = None
@@ -163,7 +176,12 @@ class LlamaServer:
             timeout=httpx.Timeout(10.0, read=None),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             trust_env=False,  # loopback: never through a proxy
+            headers=self._auth,
         )
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"}
 
     async def post_relayed(self, path: str, data: bytes) -> aiohttp.ClientResponse:
         """POST a JSON body to llama-server for a client; its answer is read by the
@@ -172,7 +190,7 @@ class LlamaServer:
         On a connection of its own (Connection: close): llama-server may close a
         kept-alive connection just as it is reused, and the request then fails without
         having been asked (ServerDisconnectedError)."""
-        headers = {"Content-Type": "application/json", "Connection": "close"}
+        headers = {"Content-Type": "application/json", "Connection": "close", **self._auth}
         response = await self.relay.post(path, data=data, headers=headers)
         self._relayed.add(response)
         return response
@@ -204,7 +222,8 @@ class LlamaServer:
             raise ServerFailed("artifact_missing", f"{self.model.path} is not a file")
         env = child_environment(os.environ)
         env.update(self._environment)
-        argv = server_argv(self.binary, self.model, self.port)
+        write_key(self.key_file, self._key)
+        argv = server_argv(self.binary, self.model, self.port, key_file=self.key_file)
         self.log_path.write_bytes(b"")  # this start's log only
         started = time.monotonic()
         # Dies with the worker, however the worker dies: a SIGKILLed worker must not
@@ -317,6 +336,7 @@ class LlamaServer:
             await asyncio.to_thread(stop_process, process, timeout_s=grace)
             logger.info("llama-server for %s on %s stopped", self.model.model_id, self.device.id)
         self.pidfile.unlink(missing_ok=True)
+        self.key_file.unlink(missing_ok=True)
 
     async def close(self) -> None:
         # The relayed requests first: whoever still waits on this server gets its error
@@ -358,6 +378,17 @@ def _tail(path: Path, size: int = 8192) -> str:
 
 
 # ------------------------------------------------------------------ leftovers
+
+
+def write_key(path: Path, key: str) -> None:
+    """The key, readable by this user only from its first byte (never a chmod after the
+    write); a planted link in its place is refused, not followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a file left by an earlier worker may have looser rights
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(key)
 
 
 def write_pidfile(path: Path, pid: int, binary: Path, port: int) -> None:

@@ -28,10 +28,11 @@ def test_every_structured_field_becomes_its_flag() -> None:
         ctx_size=8192, batch_size=1024, ubatch_size=256, threads=8, threads_batch=4,
         gpu_layers=60, main_gpu=1, tensor_split=[0.6, 0.4], flash_attn=True, alias="planner",
     )  # fmt: skip
-    argv = server_argv(BINARY, model, 4321)
-    assert argv[:7] == [str(BINARY), "--model", "/models/m.gguf", "--host", LOOPBACK,
-                        "--port", "4321"]  # fmt: skip
-    pairs = dict(zip(argv[7::2], argv[8::2], strict=True))
+    argv = server_argv(BINARY, model, 4321, key_file=Path("/run/mf/llama-server-cpu.key"))
+    assert argv[:9] == [str(BINARY), "--model", "/models/m.gguf", "--host", LOOPBACK,
+                        "--port", "4321", "--api-key-file",
+                        "/run/mf/llama-server-cpu.key"]  # fmt: skip
+    pairs = dict(zip(argv[9::2], argv[10::2], strict=True))
     assert pairs == {
         "--alias": "planner", "--ctx-size": "8192", "--batch-size": "1024",
         "--ubatch-size": "256", "--threads": "8", "--threads-batch": "4",
