@@ -78,6 +78,22 @@ def call(api: RunningApi, secret: str, body: dict[str, Any] | None = None) -> ht
         )
 
 
+def answered_by_node(
+    api: RunningApi, pool: ThreadPoolExecutor, body: bytes, **answer: Any
+) -> httpx.Response:
+    """A client's call, answered by the deployment's node with `body`: the client's
+    response."""
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+        secret = service_client(client, api)
+    with runtime_channel(api, deployed.node) as channel:
+        answered: Future[httpx.Response] = pool.submit(call, api, secret)
+        invoke = channel.next_invoke()
+        stream = answer_invoke(api, deployed.node, invoke, body, **answer)
+        assert stream.status_code == 200, stream.text
+        return answered.result(20)
+
+
 def test_an_invoke_carries_typed_parameters_and_its_answer_comes_back_with_receipts(
     gateway_api: RunningApi, pool: ThreadPoolExecutor
 ) -> None:
@@ -113,18 +129,8 @@ def test_the_answer_is_served_as_json_whatever_content_type_the_node_claims(
     """The node is outside the trust boundary: an answer it labels as a page or an
     image would run as one on the API's origin (the dashboard's), so a plain answer is
     always served as JSON, never sniffed."""
-    with gateway_api.client() as client:
-        deployed = ready_deployment(client, gateway_api)
-        secret = service_client(client, gateway_api)
-    with runtime_channel(gateway_api, deployed.node) as channel:
-        answered: Future[httpx.Response] = pool.submit(call, gateway_api, secret)
-        invoke = channel.next_invoke()
-        stream = answer_invoke(
-            gateway_api, deployed.node, invoke, completion("<script>x()</script>"),
-            content_type=claimed,
-        )  # fmt: skip
-        assert stream.status_code == 200 and stream.json()["accepted"], stream.text
-        response = answered.result(20)
+    script = completion("<script>x()</script>")
+    response = answered_by_node(gateway_api, pool, script, content_type=claimed)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/json"
     assert response.headers["x-content-type-options"] == "nosniff"
@@ -136,16 +142,8 @@ def test_a_refusal_body_nested_past_any_parser_is_passed_through_as_a_422(
 ) -> None:
     """The refusal's body is the node's: reading its code must not recurse (json's
     parser raised RecursionError on it, a 500 to the client)."""
-    with gateway_api.client() as client:
-        deployed = ready_deployment(client, gateway_api)
-        secret = service_client(client, gateway_api)
-    with runtime_channel(gateway_api, deployed.node) as channel:
-        answered: Future[httpx.Response] = pool.submit(call, gateway_api, secret)
-        invoke = channel.next_invoke()
-        nested = b"[" * 200_000 + b"]" * 200_000
-        stream = answer_invoke(gateway_api, deployed.node, invoke, nested, status=400)
-        assert stream.status_code == 200, stream.text
-        response = answered.result(20)
+    nested = b"[" * 200_000 + b"]" * 200_000
+    response = answered_by_node(gateway_api, pool, nested, status=400)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "validation_failed"
 

@@ -11,7 +11,8 @@ from typing import Any
 import aiohttp
 
 from agent.client import ProtocolClient, make_http_client
-from agent.sources.hub import HubSource
+from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.sources.hub import HubSource, source_session
 from schemas.artifacts import ArtifactClaim
 from tests.api_server import RunningApi
 from tests.artifact_flows import create_job, file_entry, node_with_roots
@@ -46,3 +47,21 @@ async def claimed(
         claim = await client.claim_artifact_job()
         assert claim is not None
         yield client, claim, HubSource(hub.url, None, session)
+
+
+@asynccontextmanager
+async def running_job(
+    api: RunningApi, node: EnrolledNode, hub: HubServer, root: Path, token: str | None = None
+) -> AsyncIterator[ArtifactJob]:
+    """The node's next artifact job, claimed, downloading with the agent's own session
+    (its redirect rules and resolver included)."""
+    settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.5, stall_s=10)
+    async with (
+        make_http_client(api.base_url, trust_env=False) as http,
+        source_session(stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False) as session,
+    ):
+        client = ProtocolClient(http, node.credential)
+        claim = await client.claim_artifact_job()
+        assert claim is not None
+        source = HubSource(hub.url, token, session)
+        yield ArtifactJob(claim, ArtifactReports(client), source, settings)

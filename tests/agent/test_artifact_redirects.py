@@ -7,20 +7,15 @@ made there. The rules themselves are checked one by one."""
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from agent.client import ProtocolClient, make_http_client
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
 from agent.jobs.paths import artifact_dir
-from agent.sources.hub import HubSource, source_session
 from agent.sources.reach import GuardedResolver, Reach, reach_of, redirect_refusal
-from tests.agent.claimed_jobs import one_file_job
+from tests.agent.claimed_jobs import one_file_job, running_job
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content, get_job
 from tests.flows import EnrolledNode
@@ -32,23 +27,6 @@ NAME = "model.gguf"
 DATA = content("cdn model", 3 << 20)
 TOKEN = "hf_test_token"
 RESOLVE = f"/{REPO}/resolve/{COMMIT}/{NAME}"
-
-
-@asynccontextmanager
-async def job_for(
-    api: RunningApi, node: EnrolledNode, hub: HubServer, root: Path
-) -> AsyncIterator[ArtifactJob]:
-    settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.5, stall_s=10)
-    async with (
-        make_http_client(api.base_url, trust_env=False) as http,
-        source_session(stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False) as session,
-    ):
-        client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
-        yield ArtifactJob(
-            claim, ArtifactReports(client), HubSource(hub.url, TOKEN, session), settings
-        )
 
 
 def setup(
@@ -70,7 +48,7 @@ async def test_a_redirect_to_the_cdn_is_followed_and_the_token_stays_with_the_en
     port = URL(hub.url).port
     # Another origin (a name, not the address), as the Hub's CDN is.
     hub.state.redirects[NAME] = f"http://localhost:{port}{RESOLVE}?signed=1"
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root, TOKEN) as job:
         assert await job.run() == "completed"
     assert (artifact_dir(root, REPO, COMMIT) / NAME).read_bytes() == DATA
     asked, followed = hub.state.authorizations[-2:]
@@ -94,7 +72,7 @@ async def test_a_redirect_the_agent_may_not_follow_fails_the_job_for_good(
 ) -> None:
     api, node, root, job_id = setup(api_factory, hub, tmp_path)
     hub.state.redirects[NAME] = location
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root, TOKEN) as job:
         assert await job.run() == "source_unavailable"
     with api.client() as operator:
         failed = get_job(operator, api, job_id)

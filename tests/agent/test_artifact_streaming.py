@@ -5,15 +5,10 @@ and a resume must verify the staged bytes as well as the new ones."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from agent.client import ProtocolClient, make_http_client
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
 from agent.jobs.paths import artifact_dir, staging_dir
-from agent.sources.hub import HubSource, source_session
-from tests.agent.claimed_jobs import one_file_job
+from tests.agent.claimed_jobs import one_file_job, running_job
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content
 from tests.flows import EnrolledNode
@@ -32,23 +27,6 @@ def with_byte_flipped(data: bytes, at: int) -> bytes:
     return bytes(changed)
 
 
-@asynccontextmanager
-async def job_for(
-    api: RunningApi, node: EnrolledNode, hub: HubServer, root: Path
-) -> AsyncIterator[ArtifactJob]:
-    """The node's next artifact job, claimed, downloading with the agent's session."""
-    settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.5, stall_s=10)
-    async with (
-        make_http_client(api.base_url, trust_env=False) as http,
-        source_session(stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False) as session,
-    ):
-        client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
-        source = HubSource(hub.url, None, session)
-        yield ArtifactJob(claim, ArtifactReports(client), source, settings)
-
-
 def setup(
     api_factory: ApiFactory, hub: HubServer, tmp_path: Path
 ) -> tuple[RunningApi, EnrolledNode, Path]:
@@ -64,7 +42,7 @@ async def test_a_large_file_is_fetched_whole_and_verified(
     api_factory: ApiFactory, hub: HubServer, tmp_path: Path
 ) -> None:
     api, node, root = setup(api_factory, hub, tmp_path)
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root) as job:
         assert await job.run() == "completed"
     assert (artifact_dir(root, REPO, COMMIT) / NAME).read_bytes() == DATA
 
@@ -74,7 +52,7 @@ async def test_one_wrong_byte_in_the_middle_of_a_large_file_fails_the_digest(
 ) -> None:
     api, node, root = setup(api_factory, hub, tmp_path)
     hub.state.corrupt[NAME] = with_byte_flipped(DATA, len(DATA) // 2 + 777)
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root) as job:
         assert await job.run() == "checksum_mismatch"
         staging = staging_dir(root, job.claim.job_id)
     assert not (artifact_dir(root, REPO, COMMIT) / NAME).exists()
@@ -86,7 +64,7 @@ async def test_a_resume_continues_from_the_staged_bytes_and_verifies_the_whole_f
 ) -> None:
     api, node, root = setup(api_factory, hub, tmp_path)
     staged_bytes = (5 << 20) + 12345
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root) as job:
         staged = staging_dir(root, job.claim.job_id) / NAME
         staged.parent.mkdir(parents=True)
         staged.write_bytes(DATA[:staged_bytes])
@@ -101,7 +79,7 @@ async def test_a_wrong_byte_in_the_staged_part_fails_the_resumed_digest(
     """The digest covers the staged prefix, not only what the resume fetched."""
     api, node, root = setup(api_factory, hub, tmp_path)
     staged_bytes = (5 << 20) + 12345
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root) as job:
         staged = staging_dir(root, job.claim.job_id) / NAME
         staged.parent.mkdir(parents=True)
         staged.write_bytes(with_byte_flipped(DATA, 1000)[:staged_bytes])
@@ -119,7 +97,7 @@ async def test_an_empty_file_is_staged_and_promoted_without_a_request(
     root.mkdir()
     api = api_factory(job_lease_s=30)
     node, _ = one_file_job(api, root, REPO, COMMIT, "__init__.py", b"", max_attempts=1)
-    async with job_for(api, node, hub, root) as job:
+    async with running_job(api, node, hub, root) as job:
         assert await job.run() == "completed"
     assert (artifact_dir(root, REPO, COMMIT) / "__init__.py").read_bytes() == b""
     assert hub.state.ranges == []

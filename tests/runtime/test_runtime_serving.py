@@ -38,6 +38,12 @@ def one_model(llama_server: Path, instruct_model: Path) -> dict[str, Any]:
     }
 
 
+def assert_serves(runtime: RuntimeProcess) -> None:
+    """One token through the worker's local API (which loads the model if it must)."""
+    with runtime.client() as http:
+        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+
+
 def test_the_official_client_chats_and_streams(
     runtimes: StartRuntime, one_model: dict[str, Any]
 ) -> None:
@@ -89,8 +95,7 @@ def test_llama_server_listens_on_loopback_only(
     runtimes: StartRuntime, one_model: dict[str, Any]
 ) -> None:
     runtime = runtimes(**one_model)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    assert_serves(runtime)
     pid = runtime.server_pid()
     assert pid is not None
     listening = [
@@ -107,8 +112,7 @@ def test_only_the_worker_may_call_its_llama_server(
     # Loopback is shared by every local process of the node: one that finds the port
     # must not chat past the worker's backpressure or read the slots' prompts.
     runtime = runtimes(**one_model)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    assert_serves(runtime)
     pidfile = runtime.run_dir / "llama-server-cpu.json"
     direct = f"http://127.0.0.1:{json.loads(pidfile.read_text())['port']}"
     key_file = runtime.run_dir / "llama-server-cpu.key"
@@ -123,8 +127,7 @@ def test_only_the_worker_may_call_its_llama_server(
             method, f"{direct}{path}", json=body, headers={"Authorization": "Bearer x"}, timeout=30
         )
         assert wrong.status_code == 401, (path, wrong.status_code)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    assert_serves(runtime)
 
 
 def test_past_the_startup_timeout_the_request_gets_503_with_retry_after(
@@ -148,17 +151,15 @@ def test_a_killed_server_shows_in_health_and_the_next_request_restarts_it(
     runtimes: StartRuntime, one_model: dict[str, Any]
 ) -> None:
     runtime = runtimes(**one_model)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
-        first = runtime.server_pid()
-        assert first is not None
-        os.kill(first, signal.SIGKILL)
-        wait_until(lambda: not alive(first), 10, "the server to die")
-        assert runtime.inventory()["devices"][0]["loaded_model"] is None
-        again = http.post("/v1/chat/completions", json=chat("smol", max_tokens=1))
-        assert again.status_code == 200, again.text
-        second = runtime.server_pid()
-        assert second is not None and second != first
+    assert_serves(runtime)
+    first = runtime.server_pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not alive(first), 10, "the server to die")
+    assert runtime.inventory()["devices"][0]["loaded_model"] is None
+    assert_serves(runtime)
+    second = runtime.server_pid()
+    assert second is not None and second != first
 
 
 async def _timed(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, float]:
@@ -170,8 +171,7 @@ def test_one_request_past_the_bound_gets_429_and_the_rest_are_served_in_order(
     runtimes: StartRuntime, one_model: dict[str, Any]
 ) -> None:
     runtime = runtimes(**one_model, max_pending_requests_per_device=3)
-    with runtime.client() as http:  # loaded before the race
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    assert_serves(runtime)  # loaded before the race
 
     async def race() -> list[tuple[int, float]]:
         async with httpx.AsyncClient(base_url=runtime.url, timeout=120) as client:
@@ -263,8 +263,7 @@ def test_an_unsupported_backend_is_one_clear_line(
 
 def test_sigterm_stops_the_servers_too(runtimes: StartRuntime, one_model: dict[str, Any]) -> None:
     runtime = runtimes(**one_model)
-    with runtime.client() as http:
-        assert http.post("/v1/chat/completions", json=chat("smol", max_tokens=1)).status_code == 200
+    assert_serves(runtime)
     pid = runtime.server_pid()
     assert pid is not None
     assert runtime.stop() == 0
