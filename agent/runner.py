@@ -195,6 +195,7 @@ class Agent:
             else None
         )
         session = source_session(
+            config.artifact_source_url,
             stall_s=config.artifact_stall_s,
             connect_timeout_s=config.request_timeout_s,
             trust_env=config.trust_env,

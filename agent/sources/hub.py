@@ -64,12 +64,13 @@ READ_BYTES = 1 << 20
 
 
 def source_session(
-    *, stall_s: float, connect_timeout_s: float, trust_env: bool
+    endpoint: str, *, stall_s: float, connect_timeout_s: float, trust_env: bool
 ) -> aiohttp.ClientSession:
-    """The HTTP session a HubSource downloads with (the caller closes it)."""
+    """The HTTP session a HubSource for `endpoint` downloads with (the caller closes
+    it); its resolver keeps redirects from going further in than the endpoint."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=stall_s)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(resolver=GuardedResolver()),
+        connector=aiohttp.TCPConnector(resolver=GuardedResolver(URL(endpoint))),
         timeout=timeout,
         trust_env=trust_env,
         auto_decompress=False,

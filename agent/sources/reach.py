@@ -11,14 +11,19 @@ node did not mean to make.
   The token goes only to the endpoint's origin.
 * **Addresses**: the session's resolver refuses a name that resolves to a link-local,
   unspecified or multicast address, whoever asked for it, so a DNS name that points at
-  the metadata service is refused like the literal address.
+  the metadata service is refused like the literal address; and a name other than the
+  endpoint's may resolve no further in than the endpoint's own addresses (a public Hub's
+  redirect to `intranet.example` that resolves to 10.0.0.7 is refused like 10.0.0.7).
 
-What is not caught: a redirect from a public endpoint to a *name* that resolves to a
-private or loopback address (only link-local is refused for names).
+What is not caught: a name whose record changes between the resolver's answer and the
+connect (the connector connects to the address the resolver returned, so there is none
+in aiohttp), and a proxy from the environment, which resolves for the agent where
+`trust_env` is on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from enum import IntEnum
@@ -92,22 +97,59 @@ def same_origin(a: URL, b: URL) -> bool:
 
 
 class GuardedResolver(AbstractResolver):
-    """aiohttp's resolver, less the addresses no source is ever at."""
+    """aiohttp's resolver, less the addresses no source is ever at, and, for any name
+    but the endpoint's, less the addresses further in than the endpoint's own."""
 
-    def __init__(self, inner: AbstractResolver | None = None) -> None:
+    def __init__(self, endpoint: URL | None = None, inner: AbstractResolver | None = None) -> None:
         self._inner = inner or DefaultResolver()
+        self._endpoint = _name(endpoint.host) if endpoint is not None else None
+        # How far in the endpoint is: known now for an address or localhost, learned
+        # from its first resolution for a name. No endpoint: no limit but the above.
+        self._limit: Reach | None = None
+        if endpoint is None:
+            self._limit = Reach.LOOPBACK
+        elif reach_of(endpoint.host) is not Reach.PUBLIC or _is_address(self._endpoint):
+            self._limit = reach_of(endpoint.host)
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed = [
-            r for r in results if _address_reach(ipaddress.ip_address(r["host"])) is not None
-        ]
+        allowed = await self._allowed(host, port, family)
+        if _name(host) != self._endpoint:
+            limit = await self._endpoint_limit(port, family)
+            allowed = [(r, reach) for r, reach in allowed if limit is not None and reach <= limit]
         if not allowed:
             # OSError is what a failed lookup raises: the connector reports it as such.
             raise OSError(f"{host} resolves only to addresses no artifact source is at")
+        return [result for result, _ in allowed]
+
+    async def _allowed(
+        self, host: str, port: int, family: socket.AddressFamily
+    ) -> list[tuple[ResolveResult, Reach]]:
+        results = await self._inner.resolve(host, port, family)
+        reached = [(r, _address_reach(ipaddress.ip_address(r["host"]))) for r in results]
+        allowed = [(r, reach) for r, reach in reached if reach is not None]
+        if _name(host) == self._endpoint and allowed:
+            self._limit = max(reach for _, reach in allowed)
         return allowed
+
+    async def _endpoint_limit(self, port: int, family: socket.AddressFamily) -> Reach | None:
+        if self._limit is None and self._endpoint is not None:
+            with contextlib.suppress(OSError):
+                await self._allowed(self._endpoint, port, family)
+        return self._limit
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+def _name(host: str | None) -> str:
+    return (host or "").strip("[]").lower().rstrip(".")
+
+
+def _is_address(host: str | None) -> bool:
+    try:
+        ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    return True

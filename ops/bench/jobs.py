@@ -162,7 +162,9 @@ async def download(
     settings = ArtifactSettings([str(root)])
     async with (
         httpx.AsyncClient(base_url=api_url, timeout=30) as http,
-        source_session(stall_s=settings.stall_s, connect_timeout_s=10, trust_env=False) as session,
+        source_session(
+            hub.url, stall_s=settings.stall_s, connect_timeout_s=10, trust_env=False
+        ) as session,
     ):
         (await http.post(ARTIFACT_JOBS, json=body, headers=admin)).raise_for_status()
         client = ProtocolClient(http, node.credential)

@@ -58,7 +58,9 @@ async def running_job(
     settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.5, stall_s=10)
     async with (
         make_http_client(api.base_url, trust_env=False) as http,
-        source_session(stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False) as session,
+        source_session(
+            hub.url, stall_s=settings.stall_s, connect_timeout_s=5, trust_env=False
+        ) as session,
     ):
         client = ProtocolClient(http, node.credential)
         claim = await client.claim_artifact_job()

@@ -120,28 +120,71 @@ def test_the_reach_of_a_host() -> None:
 
 
 class Answering(AbstractResolver):
-    """A name server's answer (the network's edge): what a hostile DNS record holds."""
+    """A name server's answers (the network's edge): what hostile DNS records hold."""
 
-    def __init__(self, *addresses: str) -> None:
-        self.addresses = addresses
+    def __init__(self, **zone: str) -> None:
+        # A name's dots are written as underscores here: `hub_example="..."`.
+        self.zone = {name.replace("_", "."): addresses.split() for name, addresses in zone.items()}
+        self.asked: list[str] = []
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
+        self.asked.append(host)
+        if host not in self.zone:
+            raise OSError(f"{host}: no such name")
         return [
             ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
-            for a in self.addresses
+            for a in self.zone[host]
         ]
 
     async def close(self) -> None:
         return None
 
 
+async def addresses(resolver: GuardedResolver, host: str) -> list[str]:
+    return [result["host"] for result in await resolver.resolve(host, 443)]
+
+
 @pytest.mark.fast
 async def test_a_name_that_resolves_to_the_metadata_service_is_refused() -> None:
+    zone = Answering(metadata_evil="169.254.169.254", m="169.254.169.254 10.0.0.7")
     with pytest.raises(OSError, match="no artifact source is at"):
-        await GuardedResolver(Answering("169.254.169.254")).resolve("metadata.evil", 80)
-    mixed = await GuardedResolver(Answering("169.254.169.254", "10.0.0.7")).resolve("m", 80)
-    assert [r["host"] for r in mixed] == ["10.0.0.7"]
+        await GuardedResolver(inner=zone).resolve("metadata.evil", 80)
+    assert await addresses(GuardedResolver(inner=zone), "m") == ["10.0.0.7"]
     real = await GuardedResolver().resolve("localhost", 80)
     assert real and all(r["host"] in ("127.0.0.1", "::1") for r in real)
+
+
+@pytest.mark.fast
+async def test_a_public_hub_cannot_send_the_agent_to_a_name_on_the_lan_or_loopback() -> None:
+    zone = Answering(
+        hub_example="93.184.215.14", cdn_example="151.101.1.1",
+        intranet_evil="10.0.0.7", loop_evil="127.0.0.1", mixed_evil="151.101.1.2 10.0.0.8",
+    )  # fmt: skip
+    guarded = GuardedResolver(URL("https://hub.example"), zone)
+    # Asked about another name first, it learns the endpoint's own reach on the spot.
+    assert await addresses(guarded, "cdn.example") == ["151.101.1.1"]
+    assert zone.asked == ["cdn.example", "hub.example"]
+    for inner in ("intranet.evil", "loop.evil"):
+        with pytest.raises(OSError, match="no artifact source is at"):
+            await guarded.resolve(inner, 443)
+    assert await addresses(guarded, "mixed.evil") == ["151.101.1.2"]
+    assert await addresses(guarded, "hub.example") == ["93.184.215.14"]
+
+
+@pytest.mark.fast
+async def test_a_mirror_on_the_lan_may_send_the_agent_within_the_lan_but_not_to_loopback() -> None:
+    zone = Answering(mirror_lan="10.0.0.5", cdn_lan="10.0.0.9", loop_evil="127.0.0.1")
+    guarded = GuardedResolver(URL("http://mirror.lan:8000"), zone)
+    assert await addresses(guarded, "mirror.lan") == ["10.0.0.5"]
+    assert await addresses(guarded, "cdn.lan") == ["10.0.0.9"]
+    with pytest.raises(OSError, match="no artifact source is at"):
+        await guarded.resolve("loop.evil", 443)
+    # An endpoint written as an address: its reach is known without asking.
+    on_loopback = GuardedResolver(URL("http://127.0.0.1:8000"), zone)
+    assert await addresses(on_loopback, "loop.evil") == ["127.0.0.1"]
+    # An endpoint whose name does not resolve: no other name is allowed either.
+    unknown = GuardedResolver(URL("https://gone.example"), zone)
+    with pytest.raises(OSError, match="no artifact source is at"):
+        await unknown.resolve("cdn.lan", 443)
