@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +172,24 @@ def settle(pids: dict[str, int], bound_s: float = 10.0) -> None:
     print(f"  (the stack did not settle within {bound_s:g} s; measured anyway)")
 
 
-async def download(
-    api_url: str,
-    admin_key: str,
-    node: hb.Node,
-    root: Path,
-    hub: HubServer,
-    data: bytes,
-    pids: dict[str, int],
-) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Transfer:
+    """What each download round works with: the stack, the node, the file."""
+
+    api_url: str
+    admin_key: str
+    node: hb.Node
+    root: Path
+    hub: HubServer
+    data: bytes
+    pids: dict[str, int]
+
+
+async def download(t: Transfer) -> tuple[float, float]:
     """Seconds until the file is verified and in place, and until the job is complete."""
+    api_url, admin_key, node, root, hub, data = (
+        t.api_url, t.admin_key, t.node, t.root, t.hub, t.data
+    )  # fmt: skip
     admin = {"X-ModelForge-Admin-Token": admin_key}
     body = {"node_id": node.node_id, "target_root": str(root),
             "manifest": _manifest("weights.bin", data)}  # fmt: skip
@@ -198,7 +207,7 @@ async def download(
         source = HubSource(hub.url, None, session)
         job = Timed(claim, ArtifactReports(client), source, settings)
         os.sync()
-        await asyncio.to_thread(settle, pids)
+        await asyncio.to_thread(settle, t.pids)
         started = time.perf_counter()
         outcome = await job.run()
         elapsed = time.perf_counter() - started
@@ -262,32 +271,22 @@ def notify(api_url: str, admin_key: str, node: hb.Node, root: Path, jobs: int) -
     )
 
 
-def downloads(
-    api_url: str,
-    admin_key: str,
-    node: hb.Node,
-    root: Path,
-    hub: HubServer,
-    data: bytes,
-    mib: int,
-    rounds: int,
-    pids: dict[str, int],
-) -> None:
-    workdir = root.parent
+def downloads(t: Transfer, mib: int, rounds: int) -> None:
+    hub, workdir = t.hub, t.root.parent
     # Alternating rounds, medians: the two see the same noise.
     curl_runs, hashed_runs, agent_runs, in_place_runs = [], [], [], []
     # Each transfer starts with no dirty pages left by the one before (the kernel's
     # writeback of the last file would land on whichever runs next) and a quiet stack.
     for _ in range(rounds):
         os.sync()
-        settle(pids)
+        settle(t.pids)
         curl_runs.append(curl(hub, "weights.bin", workdir / "curl.bin"))
         (workdir / "curl.bin").unlink()
         os.sync()
-        settle(pids)
+        settle(t.pids)
         hashed_runs.append(curl_hashed(hub, "weights.bin", workdir / "curl.bin"))
         (workdir / "curl.bin").unlink()
-        in_place, complete = asyncio.run(download(api_url, admin_key, node, root, hub, data, pids))
+        in_place, complete = asyncio.run(download(t))
         in_place_runs.append(in_place)
         agent_runs.append(complete)
     curl_s, agent_s = statistics.median(curl_runs), statistics.median(agent_runs)
@@ -360,9 +359,8 @@ def main() -> int:
             if "notify" in only:
                 notify(api_url, admin_key, node, root, args.jobs)
             if "download" in only:
-                downloads(
-                    api_url, admin_key, node, root, hub, data, args.file_mib, args.rounds, pids
-                )
+                transfer = Transfer(api_url, admin_key, node, root, hub, data, pids)
+                downloads(transfer, args.file_mib, args.rounds)
             if "channels" in only:
                 channels(api_url, node, pids["api"], args.channels)
     finally:
