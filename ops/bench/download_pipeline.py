@@ -10,9 +10,9 @@ between the two is what sharing two cores with PostgreSQL, NATS, the API and the
 costs a transfer that wants both. Alternating rounds, medians; `os.sync()` before each.
 
 It also prints the ceiling any pipeline that hashes every byte has on this host, from the
-same bytes in memory with no network and no disk: sha256 of fresh 1 MiB blocks on the
-thread that made them (the best case for hashing inline with the receive), and on a
-second thread they are handed to (the agent's hash lane). Where curl -o is faster than
+same bytes in memory with no network and no disk: sha256 of fresh blocks on the thread
+that made them (the best case for hashing inline with the receive), and handed from the
+event loop to the agent's own hash lane (agent/jobs/lanes.py). Where curl -o is faster than
 those, 0.9x of it cannot be reached by hashing in any arrangement.
 """
 
@@ -22,14 +22,12 @@ import argparse
 import asyncio
 import hashlib
 import os
-import queue
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -37,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.lanes import Lanes
 from agent.sources.hub import HubSource, source_session
 from schemas.artifacts import ArtifactClaim, CompleteAnswer, CompleteReport, ProgressReport
 from schemas.jobs import FailAnswer, FailReport, JobState, Lease, ProgressAnswer
@@ -104,30 +103,28 @@ def curl(hub: HubServer, out: Path) -> float:
     return float(result.stdout)
 
 
-def hashed(data: bytes, *, handed: bool, block: int = 1 << 20) -> float:
+def hashed(data: bytes, block: int, *, handed: bool) -> float:
     """MiB/s of sha256 over fresh copies of `data`'s blocks (as a receive makes them),
-    on the thread that copies them or on a second one they are queued to."""
+    on the thread that copies them, or handed to the agent's own hash lane."""
     view = memoryview(data)
     digest = hashlib.sha256()
-    blocks: queue.Queue[bytes | None] = queue.Queue(8)
 
-    def lane() -> None:
-        while (piece := blocks.get()) is not None:
+    def step(pieces: list[bytes]) -> None:
+        for piece in pieces:
             digest.update(piece)
 
-    worker = threading.Thread(target=lane)
+    async def through_lane() -> None:
+        lanes = Lanes(step)
+        for at in range(0, len(data), block):
+            await lanes.put([bytes(view[at : at + block])])
+        await lanes.close()
+
     started = time.perf_counter()
     if handed:
-        worker.start()
-    for at in range(0, len(data), block):
-        piece = bytes(view[at : at + block])
-        if handed:
-            blocks.put(piece)
-        else:
-            digest.update(piece)
-    if handed:
-        blocks.put(None)
-        worker.join()
+        asyncio.run(through_lane())
+    else:
+        for at in range(0, len(data), block):
+            digest.update(bytes(view[at : at + block]))
     return len(data) / (1 << 20) / (time.perf_counter() - started)
 
 
@@ -166,7 +163,7 @@ def main() -> int:
             )
             cpus["agent job"].append(cpu(resource.RUSAGE_SELF) - before)
             for handed, runs in ceilings.items():
-                runs.append(hashed(data, handed=handed))
+                runs.append(hashed(data, args.block_mib << 20, handed=handed))
     finally:
         served.terminate()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -180,10 +177,10 @@ def main() -> int:
     ratio = statistics.median(walls["curl -o"]) / statistics.median(walls["agent job"])
     print(f"agent job / curl -o, {mib} MiB, {args.block_mib} MiB blocks: {ratio:.2f}x")
     wire = mib / statistics.median(walls["curl -o"])
-    for handed, label in ((False, "on the thread that made them"), (True, "on a hash thread")):
+    for handed, label in ((False, "on the thread that made them"), (True, "in a hash lane")):
         rate = statistics.median(ceilings[handed])
         print(
-            f"ceiling: sha256 of fresh 1 MiB blocks {label}: {rate:.0f} MiB/s,"
+            f"ceiling: sha256 of fresh {args.block_mib} MiB blocks {label}: {rate:.0f} MiB/s,"
             f" {rate / wire:.2f}x curl -o (no network, no disk)"
         )
     return 0
