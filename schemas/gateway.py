@@ -27,6 +27,9 @@ TokenBound = Annotated[
     int, Strict(), Field(ge=1, le=MAX_TOKENS_CEILING), BeforeValidator(json_integer)
 ]
 Seed = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1), BeforeValidator(json_integer)]
+# OpenAI's `n`: one choice is all ModelForge answers. An integer, not Literal[1]: a
+# literal compares by equality, and `True == 1`.
+Choices = Annotated[int, Strict(), Field(ge=1, le=1), BeforeValidator(json_integer)]
 ModelField = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
 # The gateway process an invoke's answer goes back to (its instance id).
 GatewayId = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{32}$")]
@@ -57,7 +60,7 @@ class ChatCompletionRequest(WireModel):
     stop: StopText | Annotated[list[StopText], Field(max_length=4)] | None = None
     stream: Flag = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = None
+    n: Choices | None = None
     # OpenAI's end-user id: accepted, never passed on.
     user: Annotated[str, Strict(), Field(max_length=256)] | None = None
 
@@ -107,7 +110,7 @@ class InvokeRefusal(WireModel):
         "upstream_unavailable",
         "invoke_invalid",
     ]
-    message: str
+    message: Annotated[str, Strict()]
 
 
 # Invoke refusals another deployment may well serve (the gateway retries them elsewhere,
