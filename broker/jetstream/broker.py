@@ -27,7 +27,7 @@ from broker.jetstream.errors import (
     queue_not_found,
 )
 from broker.jetstream.inflight import Heartbeat, InFlight
-from broker.jetstream.loop import LoopThread
+from broker.jetstream.loop import LoopThread, WaitExpired
 from broker.jetstream.names import Names
 from broker.jetstream.publish import publish_message, with_eta
 from broker.jetstream.puller import Puller
@@ -164,9 +164,15 @@ class JetStreamBroker(dramatiq.Broker):
         event loop; the publish itself still runs on the broker's loop and connection."""
         outgoing = self._outgoing(message, delay)
         self.emit_before("enqueue", outgoing, delay)
-        future = self._rt.loop.submit(self._publish(outgoing))
+        published = asyncio.wrap_future(self._rt.loop.submit(self._publish(outgoing)))
+        # Not wait_for: its expiry and the publish's own timeout are both TimeoutError.
+        done, _ = await asyncio.wait({published}, timeout=self._publish_timeout_s)
+        if not done:
+            published.cancel()
+            expired = WaitExpired(f"publish did not finish within {self._publish_timeout_s:.1f}s")
+            raise connection_closed(expired)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(future), self._publish_timeout_s)
+            published.result()
         except (TimeoutError, NatsError) as exc:
             raise connection_closed(exc) from exc
         self.emit_after("enqueue", outgoing, delay)

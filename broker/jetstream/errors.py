@@ -4,15 +4,36 @@ from __future__ import annotations
 
 from dramatiq.errors import ConnectionClosed, ConnectionFailed, QueueJoinTimeout, QueueNotFound
 
+from broker.jetstream.loop import WaitExpired
+
+
+def describe(cause: BaseException) -> str:
+    """The cause as one line that says what failed, and for a timeout which bound fired.
+
+    The type is qualified: nats-py's errors reuse built-in names (nats.errors.TimeoutError)
+    and have an empty repr, so `TimeoutError()` alone says neither who timed out nor how.
+    """
+    kind = type(cause)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    text = str(cause)
+    line = f"{name}: {text}" if text else name
+    if isinstance(cause, TimeoutError) and not isinstance(cause, WaitExpired):
+        # WaitExpired says its own bound; anything else timed out inside the operation
+        # (nats-py's request timeout, a connect bound), before the broker's wait did.
+        line += " (the operation's own timeout)"
+    return line
+
 
 def connection_closed(cause: BaseException) -> ConnectionClosed:
     """Raised for a NATS call that failed or did not answer in time. dramatiq treats it
     as transient: a ConsumerThread restarts, a worker retries its ack every few seconds."""
-    return ConnectionClosed(repr(cause))  # type: ignore[no-untyped-call]
+    return ConnectionClosed(describe(cause))  # type: ignore[no-untyped-call]
 
 
 def connection_failed(cause: BaseException) -> ConnectionFailed:
-    return ConnectionFailed(f"cannot reach NATS JetStream: {cause!r}")  # type: ignore[no-untyped-call]
+    return ConnectionFailed(f"cannot reach NATS JetStream: {describe(cause)}")  # type: ignore[no-untyped-call]
 
 
 def queue_not_found(queue_name: str) -> QueueNotFound:

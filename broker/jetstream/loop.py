@@ -2,6 +2,12 @@
 
 nats-py is asyncio-only while dramatiq's consumers and workers are plain threads; every
 broker operation is a coroutine submitted here and waited for with a bound.
+
+Two bounds can end an operation with a TimeoutError: the wait here (WaitExpired), and
+whatever the operation bounds itself (nats-py's request timeout, an asyncio.wait_for).
+They are kept apart: on Python 3.11 concurrent.futures.TimeoutError is the built-in
+TimeoutError, which nats.errors.TimeoutError subclasses too, so catching it around
+future.result() would relabel the operation's own timeout as this wait's.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+
+class WaitExpired(TimeoutError):
+    """The bound of LoopThread.run passed before the operation finished (it is cancelled).
+    A TimeoutError of another type was raised by the operation itself."""
 
 
 class LoopThread:
@@ -48,8 +59,9 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         """Run coro on the loop and wait at most timeout_s for it.
 
-        Raises TimeoutError (and cancels coro) when the bound passes. Calling this from
-        the loop thread itself would wait on itself forever, so that is refused.
+        Raises WaitExpired (and cancels coro) when the bound passes; what coro raises,
+        a TimeoutError of its own included, is raised unchanged. Calling this from the
+        loop thread itself would wait on itself forever, so that is refused.
         """
         if threading.current_thread() is self._thread:
             coro.close()
@@ -58,11 +70,11 @@ class LoopThread:
             coro.close()
             raise RuntimeError("the broker's event loop is not running (broker closed?)")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
+        done, _ = concurrent.futures.wait([future], timeout_s)
+        if not done:
             future.cancel()
-            raise TimeoutError(f"broker operation did not finish within {timeout_s:.1f}s") from None
+            raise WaitExpired(f"broker operation did not finish within {timeout_s:.1f}s")
+        return future.result()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start coro on the loop without waiting (background tasks)."""

@@ -7,12 +7,15 @@ import threading
 import time
 from typing import Any
 
+import nats.errors
 import pytest
 from dramatiq.message import Message
 from prometheus_client import CollectorRegistry
 
 from broker.jetstream import JetStreamBroker, dead_letters
 from broker.jetstream.dead_letters import Reason
+from broker.jetstream.errors import connection_closed
+from broker.jetstream.loop import WaitExpired
 from broker.jetstream.metrics import JetStreamMetrics
 from broker.jetstream.names import Names
 from broker.jetstream.publish import dedupe_id
@@ -48,6 +51,32 @@ def test_dedupe_id_per_generation() -> None:
     assert dedupe_id(message.copy(options={"retries": 2})) == f"{message.message_id}.retry-2"
     replayed = message.copy(options={"replays": 1, "retries": 1})
     assert dedupe_id(replayed) == f"{message.message_id}.replay-1.retry-1"
+
+
+def test_a_request_timeout_of_nats_py_is_not_reported_as_the_brokers_wait(
+    settings, make_broker
+) -> None:
+    """A request nobody answers ends at nats-py's own 0.3 s timeout, long before the
+    broker's 10 s wait; the error names the one that fired."""
+    broker = make_broker(settings)
+    nc = broker.runtime.nc
+    subject = f"{settings.namespace}.silent"
+
+    async def unanswered() -> None:
+        silent = await nc.subscribe(subject)  # takes the request, never replies
+        try:
+            await nc.request(subject, b"", timeout=0.3)
+        finally:
+            await silent.unsubscribe()
+
+    started = time.monotonic()
+    with pytest.raises(nats.errors.TimeoutError) as raised:
+        broker.run(unanswered(), 10.0)
+    assert time.monotonic() - started < 5
+    assert not isinstance(raised.value, WaitExpired)
+    message = str(connection_closed(raised.value))
+    assert "nats: timeout (the operation's own timeout)" in message
+    assert "10.0s" not in message
 
 
 def test_round_trip_sync_and_async_actor(settings, make_broker, effects) -> None:
