@@ -1,4 +1,7 @@
-"""Exceptions to HTTP, in one place. Every error leaves as an ErrorBody with the correlation id."""
+"""Exceptions to HTTP, in one place. Every error leaves as an ErrorBody with the correlation id,
+or, on the gateway's paths, in OpenAI's envelope: `error_response` is the one renderer,
+which the middleware that answers before any route (the body limit) calls too.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
-from starlette.types import ExceptionHandler
+from starlette.types import ExceptionHandler, Receive, Scope, Send
 
 from api.errors import ApiError
 from api.state import state_of
@@ -31,22 +34,65 @@ _HTTP_CODES = {
 }
 
 
+def on_gateway(path: str) -> bool:
+    return path == GATEWAY_PREFIX or path.startswith(GATEWAY_PREFIX + "/")
+
+
+# Where a validation error's location starts: FastAPI's own first segment, not the field.
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def gateway_error(status: int, body: ErrorBody) -> GatewayErrorBody:
+    """A refusal in OpenAI's envelope (its clients read `error.message`), with our code
+    and correlation id inside it; `param` names the first field a validation refused."""
+    param = None
+    if body.details:
+        location = [str(part) for part in body.details[0].location]
+        if location and location[0] in _SOURCES:
+            location = location[1:]
+        param = ".".join(location) or None
+    return GatewayErrorBody(
+        error=GatewayErrorDetail(
+            message=body.message,
+            type="server_error" if status >= 500 else "invalid_request_error",
+            param=param,
+            code=body.code.value,
+            correlation_id=body.correlation_id,
+        )
+    )
+
+
+def error_response(
+    path: str, status: int, body: ErrorBody, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The one renderer of a refusal: OpenAI's envelope on the gateway's paths (an
+    unknown one under it included), the ErrorBody everywhere else."""
+    if on_gateway(path):
+        content = gateway_error(status, body).model_dump(mode="json")
+    else:
+        content = body.model_dump(mode="json")
+    return JSONResponse(status_code=status, content=content, headers=headers)
+
+
+async def send_refusal(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    code: ErrorCode,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """A refusal from ASGI middleware, before any route or exception handler: rendered
+    as error_response renders it, with the request's correlation id."""
+    body = ErrorBody(code=code, message=message, correlation_id=current_correlation_id() or "")
+    await error_response(scope["path"], status, body, headers)(scope, receive, send)
+
+
 def _respond(
     request: Request, status: int, body: ErrorBody, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    if request.url.path.startswith(GATEWAY_PREFIX + "/"):
-        # The gateway's clients are OpenAI clients: its envelope, with our code and
-        # correlation id inside it.
-        shaped = GatewayErrorBody(
-            error=GatewayErrorDetail(
-                message=body.message,
-                type="server_error" if status >= 500 else "invalid_request_error",
-                code=body.code.value,
-                correlation_id=body.correlation_id,
-            )
-        )
-        return JSONResponse(status_code=status, content=shaped.model_dump(), headers=headers)
-    return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
+    return error_response(request.url.path, status, body, headers)
 
 
 def _refusal(

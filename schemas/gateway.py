@@ -137,6 +137,8 @@ class ModelListing(WireModel):
 class GatewayErrorDetail(WireModel):
     message: str
     type: str
+    # The field a validation refused (`n`, `messages.0.role`), as OpenAI names it.
+    param: str | None = None
     code: str
     correlation_id: str
 

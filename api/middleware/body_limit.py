@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schemas.errors import ErrorBody, ErrorCode
-from store.correlation import current_correlation_id
+from api.handlers import send_refusal
+from schemas.errors import ErrorCode
 
 
 class BodyTooLarge(HTTPException):
@@ -40,7 +38,7 @@ class BodySizeLimitMiddleware:
                 except ValueError:
                     declared = self.max_bytes + 1
                 if declared > self.max_bytes:
-                    await self._refuse(send)
+                    await self._refuse(scope, receive, send)
                     return
         received = 0
         response_started = False
@@ -66,24 +64,9 @@ class BodySizeLimitMiddleware:
         except BodyTooLarge:
             if response_started:
                 raise
-            await self._refuse(send)
+            await self._refuse(scope, receive, send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = ErrorBody(
-            code=ErrorCode.BODY_TOO_LARGE,
-            message=f"request body exceeds {self.max_bytes} bytes",
-            correlation_id=current_correlation_id() or "",
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send(
-            {
-                "type": "http.response.body",
-                "body": json.dumps(body.model_dump(mode="json")).encode(),
-            }
-        )
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The exception handlers' renderer: OpenAI's envelope on the gateway's paths.
+        message = f"request body exceeds {self.max_bytes} bytes"
+        await send_refusal(scope, receive, send, 413, ErrorCode.BODY_TOO_LARGE, message)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.handlers import error_response
 from schemas.errors import ErrorBody, ErrorCode
 from schemas.protocol import CORRELATION_HEADER
 from store.correlation import correlation_id_var
@@ -67,18 +67,7 @@ class CorrelationIdMiddleware:
                 message="internal error",
                 correlation_id=correlation_id,
             )
-            await send_with_header(
-                {
-                    "type": "http.response.start",
-                    "status": 500,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send_with_header(
-                {
-                    "type": "http.response.body",
-                    "body": json.dumps(body.model_dump(mode="json")).encode(),
-                }
-            )
+            # The exception handlers' renderer: OpenAI's envelope on the gateway's paths.
+            await error_response(scope["path"], 500, body)(scope, receive, send_with_header)
         finally:
             correlation_id_var.reset(token)
