@@ -8,16 +8,27 @@ itself, so without this the API would wait until whoever stops it gives up and k
 an ended stream. api/server.py calls `close_all` as uvicorn's shutdown begins (after
 the listeners close, so a client that reconnects at once reaches another replica); every
 stream wrapped in `hold` then ends at its next step, and the response completes.
+
+A held stream also outlives the check that opened it: `rechecked` re-runs that check at
+every keep-alive, so a node whose credential is revoked, or an operator whose dashboard
+session ends, stops receiving within one keep-alive interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TypeVar
+import enum
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
+
+
+class Tick(enum.Enum):
+    """What `rechecked` yields between items: the check passed, send a keep-alive."""
+
+    KEEP_ALIVE = "keep-alive"
 
 
 class HeldStreams:
@@ -73,3 +84,26 @@ class HeldStreams:
             # then, and ends there by the cancel above.
             if step is None or step.done():
                 await stream.aclose()
+
+
+async def rechecked(
+    next_item: Callable[[], Awaitable[T]],
+    keepalive_s: float,
+    admitted: Callable[[], Awaitable[bool]],
+) -> AsyncGenerator[T | Literal[Tick.KEEP_ALIVE], None]:
+    """next_item()'s items as they come, and Tick.KEEP_ALIVE every keepalive_s once
+    admitted() says the stream's credential still holds; ends the first time it does not.
+    Due by the clock, not by silence: a busy stream is re-checked as often as a quiet one.
+    """
+    loop = asyncio.get_running_loop()
+    check_at = loop.time() + keepalive_s
+    while True:
+        with contextlib.suppress(TimeoutError):
+            item = await asyncio.wait_for(next_item(), max(0.0, check_at - loop.time()))
+            yield item
+        if loop.time() < check_at:
+            continue
+        if not await admitted():
+            return
+        yield Tick.KEEP_ALIVE
+        check_at = loop.time() + keepalive_s

@@ -32,6 +32,8 @@ ARRIVAL_S = 15.0
 class Stream:
     events: asyncio.Queue[tuple[str, str, dict[str, Any]]] = field(default_factory=asyncio.Queue)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set only when the API ends the stream, not when the connection breaks.
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def next(self, timeout_s: float = ARRIVAL_S) -> tuple[str, str, dict[str, Any]]:
         return await asyncio.wait_for(self.events.get(), timeout_s)
@@ -46,11 +48,16 @@ class Stream:
 
 @contextlib.asynccontextmanager
 async def watching(
-    api: RunningApi, resume_after: str | None = None, **params: str
+    api: RunningApi,
+    resume_after: str | None = None,
+    *,
+    cookies: dict[str, str] | None = None,
+    **params: str,
 ) -> AsyncIterator[Stream]:
     """An open admin event stream; entered once the API says it is subscribed.
-    resume_after: the Last-Event-ID it reconnects with."""
-    headers = dict(api.admin_headers)
+    resume_after: the Last-Event-ID it reconnects with; cookies: a dashboard session's,
+    sent instead of the operator key."""
+    headers = dict(api.admin_headers) if cookies is None else {}
     if resume_after is not None:
         headers["Last-Event-ID"] = resume_after
     held = Stream()
@@ -58,7 +65,7 @@ async def watching(
     async def hold() -> None:
         timeout = httpx.Timeout(10.0, read=60.0)
         async with (
-            httpx.AsyncClient(base_url=api.base_url, timeout=timeout) as client,
+            httpx.AsyncClient(base_url=api.base_url, timeout=timeout, cookies=cookies) as client,
             client.stream("GET", ADMIN_EVENTS, params=params, headers=headers) as got,
         ):
             assert got.status_code == 200
@@ -75,6 +82,7 @@ async def watching(
                 elif not line.startswith(":"):
                     name, _, value = line.partition(": ")
                     fields[name] = value
+        held.closed.set()
 
     task = asyncio.create_task(hold())
     opened = asyncio.create_task(held.opened.wait())

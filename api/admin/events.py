@@ -15,6 +15,12 @@ missed through the list routes. No database session is held per viewer: the oper
 key was checked before the stream opened (the router's dependency), and the events
 come from NATS alone.
 
+The stream does not outlive its credential: the same operator check runs again at
+every keep-alive (api/held_streams.py: rechecked), in memory, so a stream opened with a
+dashboard session ends within one keep-alive of its logout (heard from any API process,
+api/ui/revocations.py) or its expiry. The operator key is the process's setting: a key
+change is a restart, which ends every stream (the reconnect with the old key is refused).
+
 Resume: a viewer that reconnects with `Last-Event-ID` (an EventSource does by itself,
 `modelforge admin … -w` too) first gets what was published after that event, read
 once from the outbox (store/published.py), then the live stream, each event once. An
@@ -36,16 +42,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
 
-from api.deps import State
+from api.deps import State, require_operator
+from api.errors import ApiError
+from api.held_streams import Tick, rechecked
 from api.nats_subscription import subscribe_forever
 from api.state import ApiState
 from schemas.base import FilterText, ShortText
 from schemas.events import SUBJECT_PREFIX
-from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW
+from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW, ADMIN_HEADER
 from store.published import published_after
 
 logger = logging.getLogger("modelforge.api.admin.events")
@@ -260,6 +268,7 @@ router = APIRouter()
     responses={200: {"content": {"text/event-stream": {}}, "description": "the stream"}},
 )
 async def admin_events(
+    request: Request,
     state: State,
     node_id: uuid.UUID | None = None,
     type: Annotated[
@@ -272,12 +281,23 @@ async def admin_events(
 ) -> StreamingResponse:
     """Held open: one message per CloudEvent published while it is, comments as
     keep-alives; with Last-Event-ID, first those published since that one. Ends when
-    the API stops, or with `event: overflow` for a viewer too slow to keep up or too
-    far behind to resume."""
+    the API stops, within a keep-alive of its credential's end (a dashboard logout or
+    expiry), or with `event: overflow` for a viewer too slow to keep up or too far
+    behind to resume."""
     fanout = state.events
     keepalive_s = state.settings.notification_keepalive_s
     wanted = EventFilter(node_id=node_id, type_prefix=type)
     overflow = f"event: {ADMIN_EVENTS_OVERFLOW}\ndata: {{}}\n\n"
+    presented = request.headers.get(ADMIN_HEADER)
+
+    async def admitted() -> bool:
+        # The router's own check, again: the key, else the session cookie (revoked or
+        # expired by now?). Memory only, no database.
+        try:
+            await require_operator(request, state, presented)
+        except ApiError:
+            return False
+        return True
 
     async def stream() -> AsyncGenerator[str, None]:
         with fanout.viewer(wanted) as viewer:
@@ -294,18 +314,18 @@ async def admin_events(
                 for caught_up in missed:
                     replayed.add(message_id(caught_up))
                     yield caught_up
-            while True:
-                try:
-                    message = await asyncio.wait_for(viewer.queue.get(), keepalive_s)
-                except TimeoutError:
-                    yield ": keep-alive\n\n"
-                    continue
-                if message is None:
-                    yield overflow
-                    return
-                if replayed and message_id(message) in replayed:
-                    continue
-                yield message
+            live = rechecked(viewer.queue.get, keepalive_s, admitted)
+            async with contextlib.aclosing(live):
+                async for message in live:
+                    if message is Tick.KEEP_ALIVE:
+                        yield ": keep-alive\n\n"
+                        continue
+                    if message is None:
+                        yield overflow
+                        return
+                    if replayed and message_id(message) in replayed:
+                        continue
+                    yield message
 
     return StreamingResponse(
         state.held_streams.hold(stream()),

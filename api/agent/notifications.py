@@ -12,7 +12,6 @@ to another replica and the API stops at once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 
@@ -22,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, error_responses
+from api.held_streams import Tick, rechecked
 from schemas.protocol import NOTIFICATIONS
 from store.errors import StoreError
 
@@ -40,24 +40,23 @@ async def job_notifications(state: State, authorization: NodeAuthorization) -> S
     keepalive_s = state.settings.notification_keepalive_s
     hub = state.notifications
 
+    async def admitted() -> bool:
+        try:
+            await node_outside_transaction(state, authorization)
+        except (ApiError, StoreError, SQLAlchemyError, OSError):
+            return False  # refused (or unsure): the channel closes, the agent polls
+        return True
+
     async def stream() -> AsyncGenerator[str, None]:
-        loop = asyncio.get_running_loop()
         with hub.channel(node_id) as queue:
             yield "retry: 2000\n: connected\n\n"
-            # Due by the clock, not by silence: a busy channel is re-checked as often.
-            check_at = loop.time() + keepalive_s
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    note = await asyncio.wait_for(queue.get(), max(0.0, check_at - loop.time()))
-                    yield f"event: job\ndata: {note}\n\n"
-                if loop.time() < check_at:
-                    continue
-                try:
-                    await node_outside_transaction(state, authorization)
-                except (ApiError, StoreError, SQLAlchemyError, OSError):
-                    return  # refused (or unsure): the channel closes, the agent polls
-                yield ": keep-alive\n\n"
-                check_at = loop.time() + keepalive_s
+            notes = rechecked(queue.get, keepalive_s, admitted)
+            async with contextlib.aclosing(notes):
+                async for note in notes:
+                    if note is Tick.KEEP_ALIVE:
+                        yield ": keep-alive\n\n"
+                    else:
+                        yield f"event: job\ndata: {note}\n\n"
 
     return StreamingResponse(
         state.held_streams.hold(stream()),
