@@ -5,6 +5,7 @@ from here; none of them spells them out again.
 
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
 from typing import Final
@@ -80,15 +81,23 @@ CORRELATION_HEADER: Final = "X-Correlation-ID"
 
 NODE_CREDENTIAL_PREFIX: Final = "mfn"
 ENROLLMENT_TOKEN_PREFIX: Final = "mfe"
-SECRET_MIN_LENGTH: Final = 20
-SECRET_MAX_LENGTH: Final = 100
+# The secret part is secrets.token_urlsafe(SECRET_BYTES): unpadded base64url, always
+# SECRET_LENGTH characters of [A-Za-z0-9_-].
+SECRET_BYTES: Final = 32
+SECRET_LENGTH: Final = 43
+# What HTTP itself strips around a header value (RFC 9110 OWS); nothing else is.
+HTTP_WHITESPACE: Final = " \t"
 
 
+@functools.cache
 def secret_pattern(prefix: str) -> re.Pattern[str]:
-    """The shape of a secret with this prefix; group 1 is the id."""
+    """The one spelling of a secret with this prefix, ASCII byte for byte: the id as 32
+    lower-case hex digits (no dashes, braces, `urn:uuid:` or upper case, all of which
+    uuid.UUID would take), the secret exactly as issued, nothing before or after (not
+    even the newline `$` lets through). Group 1 is the id, group 2 the secret."""
     return re.compile(
-        rf"^{re.escape(prefix)}\.([0-9a-f]{{32}})\."
-        rf"[A-Za-z0-9_\-]{{{SECRET_MIN_LENGTH},{SECRET_MAX_LENGTH}}}$"
+        rf"{re.escape(prefix)}\.([0-9a-f]{{32}})\.([A-Za-z0-9_\-]{{{SECRET_LENGTH}}})\Z",
+        re.ASCII,
     )
 
 

@@ -4,7 +4,8 @@ store/enrollment.py, store/node_credentials.py, store/tokens.py), service client
 (api/gateway/auth.py), the operator key (api/deps.py). Pure functions, in store/ so that
 the rules and the API both reach them; the prefixes and lengths are schemas/protocol.py's.
 
-Wire format ``<prefix>.<id hex>.<secret>``: the id finds the row by primary key, and
+Wire format ``<prefix>.<id hex>.<secret>``, parsed byte for byte (schemas/protocol.py:
+secret_pattern): the id finds the row by primary key, and
 only then is the secret's digest compared in constant time, so the database index is
 never used as a timing oracle for the secret itself.
 """
@@ -17,9 +18,8 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from schemas.protocol import SECRET_MAX_LENGTH, SECRET_MIN_LENGTH
+from schemas.protocol import SECRET_BYTES, secret_pattern
 
-_SECRET_BYTES = 32
 # Compared against when no row exists, so unknown ids cost the same as wrong secrets.
 _DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy").digest()
 
@@ -44,26 +44,20 @@ def digest(secret: str) -> bytes:
 def issue(prefix: str, secret_id: uuid.UUID | None = None) -> IssuedSecret:
     """A new secret; under `secret_id` when it replaces one (a rotation keeps the id)."""
     secret_id = secret_id or uuid.uuid4()
-    secret = secrets.token_urlsafe(_SECRET_BYTES)
+    secret = secrets.token_urlsafe(SECRET_BYTES)
     return IssuedSecret(
         id=secret_id, wire=f"{prefix}.{secret_id.hex}.{secret}", digest=digest(secret)
     )
 
 
 def parse(prefix: str, wire: str) -> PresentedSecret | None:
-    """None when the value cannot be one of ours (wrong prefix or shape)."""
-    parts = wire.split(".")
-    if (
-        len(parts) != 3
-        or parts[0] != prefix
-        or not SECRET_MIN_LENGTH <= len(parts[2]) <= SECRET_MAX_LENGTH
-    ):
+    """None when the value is not exactly the spelling `issue` gives out (wrong prefix,
+    shape, case, length or anything around it): one secret has one spelling, so no
+    other string is ever compared against its digest."""
+    match = secret_pattern(prefix).fullmatch(wire)
+    if match is None:
         return None
-    try:
-        secret_id = uuid.UUID(hex=parts[1])
-    except ValueError:
-        return None
-    return PresentedSecret(id=secret_id, secret=parts[2])
+    return PresentedSecret(id=uuid.UUID(hex=match.group(1)), secret=match.group(2))
 
 
 def matches(presented: str, stored_digest: bytes | None) -> bool:

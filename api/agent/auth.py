@@ -19,7 +19,7 @@ from api.errors import Unauthenticated
 from api.node_cache import CachedNode, NodeCache
 from schemas.admin import Liveness
 from schemas.errors import ErrorCode
-from schemas.protocol import NODE_CREDENTIAL_PREFIX
+from schemas.protocol import HTTP_WHITESPACE, NODE_CREDENTIAL_PREFIX
 from store import node_credentials, secrets
 from store.node_credentials import AuthenticatedNode
 
@@ -28,11 +28,14 @@ def bearer_value(authorization: str | None) -> str:
     if not authorization:
         raise Unauthenticated("a node credential is required", code=ErrorCode.CREDENTIAL_MISSING)
     scheme, _, value = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
+    # Only what HTTP strips around a header value: str.strip() would also drop NEL
+    # (U+0085) and other Unicode spaces, a second spelling of the same credential.
+    value = value.strip(HTTP_WHITESPACE)
+    if scheme.lower() != "bearer" or not value:
         raise Unauthenticated(
             "expected 'Authorization: Bearer <credential>'", code=ErrorCode.CREDENTIAL_MALFORMED
         )
-    return value.strip()
+    return value
 
 
 def presented_credential(authorization: str | None) -> secrets.PresentedSecret | None:

@@ -26,7 +26,7 @@ from api.deps import BearerHeader, State
 from api.errors import Unauthenticated
 from api.state import ApiState
 from schemas.errors import ErrorCode
-from schemas.protocol import SERVICE_CLIENT_PREFIX
+from schemas.protocol import HTTP_WHITESPACE, SERVICE_CLIENT_PREFIX
 from store import secrets, service_clients
 from store.deployment_tables import ServiceClient
 
@@ -79,8 +79,11 @@ def presented_secret(authorization: str | None) -> secrets.PresentedSecret:
             "a service client credential is required", code=ErrorCode.CREDENTIAL_MISSING
         )
     scheme, _, value = authorization.partition(" ")
+    # Only what HTTP strips (api/agent/auth.py: bearer_value).
     presented = (
-        secrets.parse(SERVICE_CLIENT_PREFIX, value.strip()) if scheme.lower() == "bearer" else None
+        secrets.parse(SERVICE_CLIENT_PREFIX, value.strip(HTTP_WHITESPACE))
+        if scheme.lower() == "bearer"
+        else None
     )
     if presented is None:
         raise Unauthenticated(

@@ -18,7 +18,7 @@ from agent.state import Identity, Sequences, StateDir, atomic_write
 
 pytestmark = pytest.mark.fast
 
-CREDENTIAL = f"mfn.{uuid.uuid4().hex}.canary-credential-secret-0123456789"
+CREDENTIAL = f"mfn.{uuid.uuid4().hex}.canary-credential-secret-0123456789abcdefgh"
 
 
 def mode(path: Path) -> int:
@@ -151,7 +151,7 @@ def test_sequences_never_go_backwards_across_crashes(
 
 def test_install_credential_replaces_only_the_credential(tmp_path: Path) -> None:
     state, identity = enrolled(tmp_path / "state")
-    replacement = f"mfn.{uuid.uuid4().hex}.replacement-secret-0123456789abcdef"
+    replacement = f"mfn.{uuid.uuid4().hex}.replacement-secret-0123456789abcdefghijklmn"
     installed = state.install_credential(replacement + "\n")
     assert installed.credential == replacement and installed.node_id == identity.node_id
     assert installed.credential_id == uuid.UUID(hex=replacement.split(".")[1])
@@ -187,7 +187,7 @@ def test_install_credential_refuses_what_is_not_a_credential(
 
 def test_install_credential_refuses_another_nodes_credential(tmp_path: Path) -> None:
     state, identity = enrolled(tmp_path / "state")
-    other = f"mfn.{uuid.uuid4().hex}.another-nodes-secret-0123456789abcdef"
+    other = f"mfn.{uuid.uuid4().hex}.another-nodes-secret-0123456789abcdefghijkl"
     rotated = {
         "node_id": str(uuid.uuid4()),
         "credential_id": str(uuid.uuid4()),
