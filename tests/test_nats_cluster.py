@@ -415,6 +415,50 @@ def test_readyz_on_a_cluster_is_ready_with_a_server_down_and_not_with_all(
         assert wait_for_readyz(url, 200)["nats"] == "ok"
 
 
+@pytest.mark.slow
+def test_a_worker_started_without_quorum_waits_and_then_consumes(
+    nats_cluster: NatsCluster, database_url: str, tmp_path: Path
+) -> None:
+    """Two servers of three down: JetStream cannot answer, and a worker that starts then
+    used to exit after nats-py's 5 s timeout. It waits (one line per wait, no
+    traceback) and starts consuming once quorum is back."""
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    env = worker_env(database_url, nats_cluster.url, namespace)
+    env["MODELFORGE_REPLICAS"] = str(REPLICAS)
+    env["MODELFORGE_JETSTREAM_WAIT_MAX_S"] = "2"
+    down = nats_cluster.servers[1:]
+    for server in down:
+        server.kill()
+    workers = Workers(env, tmp_path)
+    waiting = "JetStream is not ready"
+
+    def waited(times: int) -> bool:
+        assert workers.procs[0].poll() is None, f"the worker exited:\n{workers.logs()}"
+        return workers.logs().count(waiting) >= times
+
+    def liveness_consumed() -> bool:
+        assert workers.procs[0].poll() is None, f"the worker exited:\n{workers.logs()}"
+        try:
+            consumers = snapshot(nats_cluster).consumers
+        except (OSError, TimeoutError, nats.errors.Error):
+            return False
+        info = consumers.get((Names(namespace).tasks_stream, "tasks-liveness"))
+        return info is not None and delivered(info) > 0
+
+    try:
+        workers.start(1)
+        # Three waits: past nats-py's 5 s API timeout, where the worker used to exit.
+        wait_until(lambda: waited(3), 90, "the worker waiting for JetStream")
+        nats_cluster.restart(*down)
+        wait_until(liveness_consumed, 90, "the worker consuming once quorum is back")
+        assert "worker 0 running" in workers.logs()
+    finally:
+        workers.stop_all()
+    logs = workers.logs()
+    assert "Traceback" not in logs, logs
+    assert "did not finish within" not in logs.split("worker 0 running")[0], logs
+
+
 @pytest.mark.fast
 def test_cluster_settings_reach_every_stream_and_consumer(
     monkeypatch: pytest.MonkeyPatch,

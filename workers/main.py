@@ -1,7 +1,8 @@
 """`modelforge worker`: dramatiq workers on JetStream, as many processes as asked.
 
-One process: build the broker (ordered middleware in broker/jetstream/factory.py), open
-the shared database on the actors' loop, declare the actors, start the event pipeline
+One process: build the broker (ordered middleware in broker/jetstream/factory.py) and
+declare the actors, waiting for JetStream while it cannot answer (workers/startup.py),
+open the shared database on the actors' loop, start the event pipeline
 (relay, audit and reconcile consumers), the periodic ticker and the metrics endpoint,
 then run until SIGTERM/SIGINT and drain:
 in-flight actors finish and are acked, prefetched messages go back to the stream.
@@ -16,6 +17,8 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
+from functools import partial
 
 import dramatiq
 from prometheus_client import CollectorRegistry, start_http_server
@@ -27,16 +30,17 @@ from agent.supervisor import (
     run_children,
     stop_event,
 )
-from broker.jetstream import BrokerSettings, build_broker
+from broker.jetstream import AsyncResource, BrokerSettings, JetStreamBroker, build_broker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds, presence_gap
 from workers.actors import Actors, declare_actors
-from workers.database import database_resource
+from workers.database import Database, database_resource
 from workers.fleet_metrics import FleetGauges, FleetMetricsMiddleware
 from workers.metrics import PipelineMetrics
 from workers.pipeline import PipelineSettings
 from workers.services import PipelineMiddleware
 from workers.settings import WorkerSettings
+from workers.startup import wait_for_jetstream
 from workers.ticker import Periodic, PeriodicTicker
 
 logger = logging.getLogger("modelforge.workers")
@@ -44,18 +48,39 @@ logger = logging.getLogger("modelforge.workers")
 PROCESS_INDEX_ENV = "MODELFORGE_WORKER_PROCESS_INDEX"
 
 
-def run_worker_process(
-    settings: WorkerSettings, broker_settings: BrokerSettings, *, threads: int, index: int = 0
-) -> int:
-    stop = stop_event()
+@dataclass(frozen=True)
+class _Started:
+    broker: JetStreamBroker
+    registry: CollectorRegistry
+    actors: Actors
+
+
+def _start(
+    settings: WorkerSettings, broker_settings: BrokerSettings, database: AsyncResource[Database]
+) -> _Started:
+    """Connect, declare the streams and every actor's queue: one attempt of the start.
+    Its own registry each time, as the middleware registers its metrics on creation."""
     registry = CollectorRegistry()
-    database = database_resource(settings.database_url, settings.db_pool_size)
     broker = build_broker(
         broker_settings,
         registry=registry,
         resources=[database],
         client_name=f"modelforge-worker-{os.getpid()}",
     )
+    try:
+        actors = _assemble(broker, settings, database, registry)
+    except BaseException:
+        broker.close()
+        raise
+    return _Started(broker, registry, actors)
+
+
+def _assemble(
+    broker: JetStreamBroker,
+    settings: WorkerSettings,
+    database: AsyncResource[Database],
+    registry: CollectorRegistry,
+) -> Actors:
     pipeline = PipelineSettings(
         settings.nats_url,
         relay=settings.run_relay,
@@ -78,7 +103,7 @@ def run_worker_process(
         presence_gap_s=presence_gap(settings.presence_gap_s, settings.stale_after_s),
     )
     breaker = PartitionBreaker(settings.partition_share, settings.partition_min_nodes)
-    actors = declare_actors(
+    return declare_actors(
         broker,
         database,
         thresholds,
@@ -87,6 +112,23 @@ def run_worker_process(
         settings.reconcile_policy(),
         settings.outbox_retention_s,
     )
+
+
+def run_worker_process(
+    settings: WorkerSettings, broker_settings: BrokerSettings, *, threads: int, index: int = 0
+) -> int:
+    stop = stop_event()
+    database = database_resource(settings.database_url, settings.db_pool_size)
+    started = wait_for_jetstream(
+        partial(_start, settings, broker_settings, database),
+        stop,
+        initial_s=settings.jetstream_wait_initial_s,
+        max_s=settings.jetstream_wait_max_s,
+    )
+    if started is None:
+        logger.info("worker stopped before JetStream was ready")
+        return 0
+    broker, registry, actors = started.broker, started.registry, started.actors
     if settings.metrics_port:
         port = settings.metrics_port + index
         start_http_server(port, addr=settings.metrics_host, registry=registry)

@@ -67,3 +67,7 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     # them back), then deleted by a prune scheduled every outbox_prune_period_s.
     outbox_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     outbox_prune_period_s: float = Field(default=60.0, gt=0)
+    # A start that finds JetStream unable to answer (no quorum, a leader election) is
+    # retried after a full-jitter wait whose bound doubles from the first to the last.
+    jetstream_wait_initial_s: float = Field(default=0.5, gt=0)
+    jetstream_wait_max_s: float = Field(default=10.0, gt=0)

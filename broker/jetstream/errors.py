@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from dramatiq.errors import ConnectionClosed, ConnectionFailed, QueueJoinTimeout, QueueNotFound
+from dramatiq.errors import (
+    BrokerConnectionError,
+    ConnectionClosed,
+    ConnectionFailed,
+    QueueJoinTimeout,
+    QueueNotFound,
+)
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError
 
 from broker.jetstream.loop import WaitExpired
+
+# JetStream's "no suitable peers for placement": too few servers up for the replicas
+# asked, as while a cluster has lost members. A 400, yet it passes once they are back.
+_NO_SUITABLE_PEERS = 10005
 
 
 def describe(cause: BaseException) -> str:
@@ -42,3 +54,17 @@ def queue_not_found(queue_name: str) -> QueueNotFound:
 
 def queue_join_timeout(queue_name: str) -> QueueJoinTimeout:
     return QueueJoinTimeout(queue_name)  # type: ignore[no-untyped-call]
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a broker failure means JetStream cannot answer yet (no server reached, no
+    leader elected, no quorum, too few servers up) rather than that it refused the
+    request. The first passes on its own and is worth waiting out; the second is a
+    configuration to fix, and waiting would only hide it."""
+    cause = exc.__cause__ if isinstance(exc, BrokerConnectionError) else exc
+    if cause is None:
+        return False
+    if isinstance(cause, APIError):
+        return (cause.code or 0) >= 500 or cause.err_code == _NO_SUITABLE_PEERS
+    # Timeouts (ours and nats-py's), no responders, connection lost or refused.
+    return isinstance(cause, (TimeoutError, OSError, NatsError))
