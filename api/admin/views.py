@@ -1,6 +1,11 @@
 """Rows to admin wire models. Jobs of every kind are shown through one builder
 (job_view): the fields JobView shares are read the same way for all of them, and each
-kind adds only its typed spec, progress and result."""
+kind adds only its typed spec, progress and result.
+
+A job that ended shows what it ended with, not the last progress report it was sent
+(the reports stop short of the end: the last one may say 98 %, or a load's "loading"):
+a succeeded acquisition shows all its files, a phase is shown only while the job runs.
+The API, the CLI and the dashboard all read these views, so they agree."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from schemas.admin import (
     TelemetryView,
 )
 from schemas.agent import NotAppliedReason
-from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult
+from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult, ArtifactSpec
 from schemas.base import WireModel
 from schemas.deployments import (
     DeploymentFailure,
@@ -38,7 +43,7 @@ from schemas.runtime import (
     RuntimeProgressView,
     UnloadJobView,
 )
-from store import artifacts, deployments, results, runtime
+from store import artifacts, deployments, leases, results, runtime
 from store.deployment_tables import Deployment
 from store.models import Gpu, Job, Node, NodeStream
 
@@ -156,21 +161,43 @@ def job_view(view: type[V], job: Job, **kind_parts: Any) -> V:
     )
 
 
+def _ended(job: Job) -> bool:
+    return job.state in leases.FINISHED
+
+
 def artifact_job_view(job: Job) -> ArtifactJobView:
+    spec = artifacts.spec_of(job)
     return job_view(
         ArtifactJobView,
         job,
-        spec=artifacts.spec_of(job),
-        progress=_artifact_progress(job.progress) if job.progress else None,
+        spec=spec,
+        progress=_artifact_progress(job, spec),
         result=results.read(job, ArtifactResult),
     )
 
 
-def _artifact_progress(progress: dict[str, Any]) -> ArtifactProgressView:
+def _artifact_progress(job: Job, spec: ArtifactSpec) -> ArtifactProgressView | None:
+    """The last report while the job runs. Once it succeeded, every file of its spec is
+    there (its completion verified them all), whatever the last report said; one that
+    failed or was cancelled keeps where it got to, with no rate or time left."""
+    if job.state == JobState.SUCCEEDED:
+        total = sum(entry.size for entry in spec.files)
+        return ArtifactProgressView(
+            bytes_done=total,
+            bytes_total=total,
+            files_done=len(spec.files),
+            files_total=len(spec.files),
+            bytes_per_s=None,
+            eta_s=None,
+            reported_at=job.finished_at or job.updated_at,
+        )
+    progress = job.progress
+    if not progress:
+        return None
     done = int(progress["bytes_done"])
     total = int(progress["bytes_total"])
     rate = progress.get("bytes_per_s")
-    rate_f = float(rate) if rate is not None else None
+    rate_f = float(rate) if rate is not None and not _ended(job) else None
     return ArtifactProgressView(
         bytes_done=done,
         bytes_total=total,
@@ -199,7 +226,8 @@ def runtime_job_view(job: Job) -> RuntimeKindView:
 
 def _phased_job_view(job: Job, views: Mapping[JobKind, type[K]], spec: WireModel, family: str) -> K:
     """A job whose progress is a phase (runtime and deployment kinds), as its kind's
-    view: the kind's spec, and its result typed by store.results.RESULTS."""
+    view: the kind's spec, and its result typed by store.results.RESULTS. The phase is
+    what it is doing now: none once it ended (its state, result or failure say how)."""
     kind = JobKind(job.kind)
     view = views.get(kind)
     if view is None:
@@ -208,7 +236,11 @@ def _phased_job_view(job: Job, views: Mapping[JobKind, type[K]], spec: WireModel
         view,
         job,
         spec=spec,
-        progress=RuntimeProgressView.model_validate(job.progress) if job.progress else None,
+        progress=(
+            RuntimeProgressView.model_validate(job.progress)
+            if job.progress and not _ended(job)
+            else None
+        ),
         result=results.read(job, results.RESULTS[kind]),
     )
 
