@@ -15,7 +15,9 @@ answered over the node's answer stream (api/gateway/relay.py). Per request:
 * 404 only for a model or role no deployment serves; 503 with Retry-After when none is
   ready; 429 with Retry-After past the client's bounds or when every deployment is busy.
 * A client that disconnects cancels its invoke at once (the node closes llama-server's
-  connection, which frees the device).
+  connection, which frees the device), whenever it leaves: while the gateway waits for
+  the answer to open (ASGI's http.disconnect, watched from the delivery on), or once
+  the stream is the client's (the response sees its send fail).
 * Every answer carries route receipts: deployment, node, device, why it was chosen,
   and the gateway's own overhead (arrival to delivery) in ms.
 """
@@ -41,7 +43,7 @@ from api.deps import State
 from api.errors import Forbidden, NotFound, ServiceUnavailable, TooManyRequests
 from api.gateway.auth import ClientScope, ServiceClientAuth
 from api.gateway.limits import LimitExceeded
-from api.gateway.relay import Ended, Opened, Pending
+from api.gateway.relay import Ended, Frame, Opened, Pending
 from api.gateway.routing import Choice, order
 from api.state import ApiState
 from schemas.errors import ErrorCode
@@ -179,6 +181,10 @@ class _RelayedStream(StreamingResponse):
                     await done
 
 
+class _ClientLeft(Exception):
+    """The client closed its connection before its answer was handed to it."""
+
+
 class _Call:
     def __init__(
         self, state: ApiState, scope: ClientScope, body: ChatCompletionRequest, arrived: float
@@ -191,6 +197,9 @@ class _Call:
         self.settings = state.settings
         self.stream = body.stream
         self.invoke_id = uuid.uuid4()
+        # Done once the client has left (http.disconnect); watched by every wait before
+        # the response is handed back.
+        self.gone: asyncio.Future[None] | None = None
 
     def _outcome(self, outcome: str) -> None:
         self.state.metrics.invokes.labels(outcome, str(self.stream).lower()).inc()
@@ -237,6 +246,18 @@ class _Call:
         self.relay.spawn(write())
 
     async def answer(self, request: Request) -> Response:
+        gone = self.gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            return await self._answer()
+        finally:
+            # A streamed answer's response watches the client from here on: its reads
+            # of the connection must be the only ones.
+            self.gone = None
+            gone.cancel()
+            if gone.done() and not gone.cancelled():
+                gone.exception()  # retrieved: a receive that failed means it left too
+
+    async def _answer(self) -> Response:
         choices = await self._routes()
         params = _params(self.body, self.state)
         route = choices[0].route
@@ -244,7 +265,7 @@ class _Call:
         busy = 0
         try:
             for choice in choices:
-                outcome = await self._attempt(pending, choice, params, request)
+                outcome = await self._attempt(pending, choice, params)
                 if isinstance(outcome, Response):
                     return outcome
                 busy += outcome == "busy"
@@ -267,10 +288,12 @@ class _Call:
         )
 
     async def _attempt(
-        self, pending: Pending, choice: Choice, params: InvokeParams, request: Request
+        self, pending: Pending, choice: Choice, params: InvokeParams
     ) -> Response | str:
         """One deployment: its answer, or why to try the next one."""
         route = choice.route
+        if self.gone is not None and self.gone.done():
+            return self._left(pending)  # before anything was sent to a node
         lease_id, epoch = pending.arm(route.node_id, route.deployment_id)
         invoke = Invoke(
             invoke_id=self.invoke_id,
@@ -305,20 +328,49 @@ class _Call:
                 self._passthrough(first, pending)
             headers = self._receipts(choice, overhead_s)
             if self.stream:
-                response = await self._streamed(pending, choice, first, headers, request)
+                response = await self._streamed(pending, choice, first, headers)
             else:
-                response = await self._plain(pending, choice, first, headers, request)
+                response = await self._plain(pending, choice, first, headers)
             if isinstance(response, Response):
                 handed_over = isinstance(response, StreamingResponse)
                 metrics.invoke_attempts.labels("answered").inc()
             return response
+        except _ClientLeft:
+            # Gone before its answer opened (or, plain, before it was whole): the node
+            # stops now, not when the time-to-first-token bound would have given up.
+            metrics.invoke_attempts.labels("client_left").inc()
+            await self.relay.cancel(route.node_id, self.invoke_id)
+            return self._left(pending)
         finally:
             if not handed_over:
                 self.relay.in_flight[route.deployment_id] -= 1
 
+    def _left(self, pending: Pending) -> Response:
+        self.relay.forget(pending)
+        self._outcome("client_left")
+        return Response(status_code=499)
+
     async def _frame(self, pending: Pending, timeout_s: float) -> object | None:
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(pending.frames.get(), timeout_s)
+        """The attempt's next frame, None past `timeout_s`; _ClientLeft once the client
+        has left, if that is watched (until the response is handed back)."""
+        gone = self.gone
+        if gone is None:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(pending.frames.get(), timeout_s)
+            return None
+        if gone.done():
+            raise _ClientLeft
+        frame: asyncio.Future[Frame] = asyncio.ensure_future(pending.frames.get())
+        waits: set[asyncio.Future[Any]] = {frame, gone}
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Cancelling a queue's get loses nothing: the item stays queued.
+            frame.cancel()
+        if frame.done() and not frame.cancelled():
+            return frame.result()
+        if gone.done():
+            raise _ClientLeft
         return None
 
     async def _refusal(self, pending: Pending) -> str:
@@ -360,27 +412,11 @@ class _Call:
         )
 
     async def _plain(
-        self,
-        pending: Pending,
-        choice: Choice,
-        opened: Opened,
-        headers: dict[str, str],
-        request: Request,
+        self, pending: Pending, choice: Choice, opened: Opened, headers: dict[str, str]
     ) -> Response | str:
         """A plain answer is whole before its first byte goes out: any failure before
         then is retried elsewhere. A client that leaves meanwhile cancels it."""
-        collect = asyncio.ensure_future(self._collect(pending))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not collect.done():
-            collect.cancel()
-            await self.relay.cancel(choice.route.node_id, self.invoke_id)
-            self._outcome("client_left")
-            return Response(status_code=499)
-        body, ended = collect.result()
+        body, ended = await self._collect(pending)
         if ended is None or not ended.ok:
             await self.relay.cancel(choice.route.node_id, self.invoke_id)
             reason = ended.reason if ended else "token_gap_timeout"
@@ -403,12 +439,7 @@ class _Call:
                 return b"".join(parts), None
 
     async def _streamed(
-        self,
-        pending: Pending,
-        choice: Choice,
-        opened: Opened,
-        headers: dict[str, str],
-        request: Request,
+        self, pending: Pending, choice: Choice, opened: Opened, headers: dict[str, str]
     ) -> Response | str:
         """The first chunk is waited for here (within the time-to-first-token bound),
         so a deployment that fails before it is retried elsewhere; after it, the
