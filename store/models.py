@@ -230,6 +230,21 @@ class UiSessionRevocation(Base):
     expires_at: Mapped[datetime]
 
 
+class UiLoginFailure(Base):
+    """A wrong operator key at the dashboard's login, from one client address
+    (store/ui_logins.py): every API process counts the same rows."""
+
+    __tablename__ = "ui_login_failures"
+    __table_args__ = (
+        Index("ix_ui_login_failures_client_failed_at", "client", "failed_at"),
+        Index("ix_ui_login_failures_failed_at", "failed_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    client: Mapped[str] = mapped_column(Text)
+    failed_at: Mapped[datetime]
+
+
 class FleetIncident(Base):
     """A fleet-level condition the sweeper detected, e.g. a suspected partition."""
 

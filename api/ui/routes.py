@@ -20,7 +20,6 @@ from fastapi.responses import RedirectResponse, Response
 
 from api.errors import NotFound
 from api.state import state_of
-from api.ui.login_limit import LoginLimiter
 from api.ui.session import UiSessions
 from schemas.ui import (
     CSRF_COOKIE,
@@ -33,7 +32,7 @@ from schemas.ui import (
     UI_PREFIX,
     UiPaths,
 )
-from store import ui_sessions
+from store import ui_logins, ui_sessions
 
 logger = logging.getLogger("modelforge.api.ui")
 
@@ -106,11 +105,8 @@ def _clear(response: Response) -> Response:
     return response
 
 
-def ui_router(
-    sessions: UiSessions, assets: Assets, limiter: LoginLimiter | None = None
-) -> APIRouter:
+def ui_router(sessions: UiSessions, assets: Assets) -> APIRouter:
     router = APIRouter(include_in_schema=False)
-    limiter = limiter or LoginLimiter()
 
     @router.get(UI_PREFIX)
     async def dashboard(request: Request) -> Response:
@@ -138,18 +134,24 @@ def ui_router(
         form = parse_qs(body[:_LOGIN_BODY_MAX].decode("utf-8", "replace"))
         presented = (form.get(LOGIN_FIELD) or [""])[0]
         client = request.client.host if request.client else ""
-        wait_s = limiter.retry_after_s(client)
+        # Counted for the whole control plane (store/ui_logins.py): the address's lock is
+        # held from the check until the outcome is recorded, on whichever process.
+        async with state_of(request).sessions() as db, db.begin():
+            wait_s = await ui_logins.retry_after_s(db, client)
+            matches = sessions.matches_key(presented)
+            if wait_s is None and matches:
+                await ui_logins.succeeded(db, client)
+            elif wait_s is None:
+                await ui_logins.failed(db, client)
         if wait_s is not None:
             logger.warning("dashboard login refused: too many wrong operator keys")
             refused = assets.response("login.html", 429, _LOGIN_LIMITED)
             refused.headers["Retry-After"] = str(wait_s)
             return refused
-        if not sessions.matches_key(presented):
-            limiter.failed(client)
+        if not matches:
             # Who and why, never what was typed.
             logger.warning("dashboard login refused: wrong operator key")
             return assets.response("login.html", 401, _LOGIN_REFUSED)
-        limiter.succeeded(client)
         issued = sessions.issue()
         secure = request.url.scheme == "https"
         response = _redirect(UI_PREFIX)

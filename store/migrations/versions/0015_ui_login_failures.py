@@ -25,16 +25,15 @@ def upgrade() -> None:
     op.create_table(
         "ui_login_failures",
         sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("client", sa.String(64), nullable=False),
+        sa.Column("client", sa.Text, nullable=False),
         sa.Column("failed_at", sa.DateTime(timezone=True), nullable=False),
     )
+    # A login counts its address's recent failures; a failure prunes the oldest rows.
     op.create_index(
-        "ix_ui_login_failures_client_failed_at",
-        "ui_login_failures",
-        ["client", "failed_at"],
+        "ix_ui_login_failures_client_failed_at", "ui_login_failures", ["client", "failed_at"]
     )
+    op.create_index("ix_ui_login_failures_failed_at", "ui_login_failures", ["failed_at"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_ui_login_failures_client_failed_at", table_name="ui_login_failures")
     op.drop_table("ui_login_failures")
