@@ -86,7 +86,14 @@ async def send_refusal(
     """A refusal from ASGI middleware, before any route or exception handler: rendered
     as error_response renders it, with the request's correlation id."""
     body = ErrorBody(code=code, message=message, correlation_id=current_correlation_id() or "")
-    await error_response(scope["path"], status, body, headers)(scope, receive, send)
+    answer = error_response(scope["path"], status, body, _headers(status, headers))
+    await answer(scope, receive, send)
+
+
+def _headers(status: int, extra: dict[str, str] | None) -> dict[str, str] | None:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    headers.update(extra or {})
+    return headers or None
 
 
 def _respond(
@@ -108,9 +115,7 @@ def _refusal(
     body = ErrorBody(
         code=code, message=message, correlation_id=current_correlation_id() or "", extra=extra
     )
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
-    headers.update(extra_headers or {})
-    return _respond(request, status, body, headers or None)
+    return _respond(request, status, body, _headers(status, extra_headers))
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
