@@ -116,6 +116,10 @@ async def node_outside_transaction(state: ApiState, authorization: str | None) -
         return await authenticate_node(session, authorization, serialize=False)
 
 
+async def _held_node(state: State, authorization: NodeAuthorization) -> AuthenticatedNode:
+    return await node_outside_transaction(state, authorization)
+
+
 @contextlib.asynccontextmanager
 async def _node_session(
     state: ApiState, authorization: str | None, *, shed_as: str | None = None
@@ -209,3 +213,6 @@ NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="funct
 IngestTransaction = Annotated[NodeRequest, Depends(_ingest_transaction, scope="function")]
 HeartbeatContext = Annotated[HeartbeatCall, Depends(_heartbeat_call, scope="function")]
 AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]
+# The node of a request that holds no transaction (an invoke's answer stream), admitted
+# as a dependency: before the route's headers, path and body are validated.
+HeldNode = Annotated[AuthenticatedNode, Depends(_held_node)]

@@ -17,6 +17,7 @@ from starlette.routing import compile_path
 from starlette.types import ExceptionHandler, Receive, Scope, Send
 
 from api.errors import ApiError
+from api.route_credentials import require_route_credential
 from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
 from schemas.gateway import GatewayErrorBody, GatewayErrorDetail
@@ -140,6 +141,20 @@ async def _store_error(request: Request, exc: Exception) -> JSONResponse:
     return _refusal(request, status, exc.code, exc.message, exc.extra)
 
 
+async def _unless_unauthenticated(request: Request) -> JSONResponse | None:
+    """The refusal of the route's credential when the caller lacks it: a 422 is told
+    only to a caller the route admits (api/route_credentials.py)."""
+    try:
+        await require_route_credential(request)
+    except ApiError as exc:
+        return await _api_error(request, exc)
+    except StoreError as exc:
+        return await _store_error(request, exc)
+    except (DBAPIError, ConnectionError) as exc:
+        return await _database_error(request, exc)
+    return None
+
+
 def _unparseable(request: Request) -> JSONResponse:
     body = ErrorBody(
         code=ErrorCode.BODY_UNPARSEABLE,
@@ -151,6 +166,9 @@ def _unparseable(request: Request) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    refused = await _unless_unauthenticated(request)
+    if refused is not None:
+        return refused
     errors = exc.errors()
     if any(error["type"] == "json_invalid" for error in errors):
         return _unparseable(request)
@@ -213,6 +231,10 @@ def _http_error_handler(allowed: AllowedMethods) -> ExceptionHandler:
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:
             headers["Allow"] = allowed(request.url.path)
+        if exc.status_code == 400:  # a body that does not decode: told after the credential
+            refused = await _unless_unauthenticated(request)
+            if refused is not None:
+                return refused
         return _http_error(request, exc, headers)
 
     return handle

@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import ClientDisconnect
 
-from api.deps import NodeAuthorization, State, node_outside_transaction
+from api.deps import HeldNode, NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
 from api.gateway.relay import Ended, Opened, Verdict, answer_media_type
 from schemas.base import SAFE_INT_MAX, WireModel
@@ -128,13 +128,13 @@ async def invoke_stream(
     epoch: Annotated[int, Header(alias=INVOKE_EPOCH_HEADER, ge=1, le=SAFE_INT_MAX)],
     gateway: Annotated[str, Header(alias=INVOKE_GATEWAY_HEADER, pattern=r"^[0-9a-f]{32}$")],
     status: Annotated[int, Header(alias=INVOKE_STATUS_HEADER, ge=100, le=599)],
-    authorization: NodeAuthorization,
+    node: HeldNode,
 ) -> StreamAnswer:
     """llama-server's answer to a leased invoke, as it comes (the request body), relayed
     to the gateway process that holds the client. Refused before any byte is read: an
     invoke no gateway waits on (404), another node's (403), a lease that is not the
     invoke's current one (409: the gateway retried elsewhere)."""
-    node_id = (await node_outside_transaction(state, authorization)).node_id
+    node_id = node.node_id
     content_type = answer_media_type(request.headers.get("content-type"))
     verdict, sink = await state.invokes.open_stream(
         node_id=node_id,
