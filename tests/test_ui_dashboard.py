@@ -1,6 +1,8 @@
 """The fleet dashboard (/ui) in headless Chromium (Debian's `chromium`, driven by
 Playwright): login, the node list, a liveness change and a job's progress arriving over
-the event stream without a reload, and logout. Real API, relay, NATS and PostgreSQL.
+the event stream without a reload, and logout; the page's event stream ending with its
+session, and a refusal's code and message in the error bar. Real API, relay, NATS and
+PostgreSQL.
 
 Each view's screenshot is written to docs/ui/ (the README shows them): the test is what
 keeps them current.
@@ -12,6 +14,7 @@ CI=true, where .ci/run installs both.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,20 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.ui import SESSION_COOKIE, UI_LOGIN, UI_PREFIX
+from schemas.ui import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, UI_LOGIN, UI_LOGOUT, UI_PREFIX
 from tests.admin_helpers import beat, get_node, ok, patch_node
-from tests.api_server import OPERATOR_KEY, RunningApi
+from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
 from tests.artifact_flows import ROOT, claimed, created, fence, progress
-from tests.flows import INVENTORY, NODES, TELEMETRY, enroll, gpu, inventory_body, telemetry_body
+from tests.flows import (
+    INVENTORY,
+    NODES,
+    TELEMETRY,
+    TOKENS,
+    enroll,
+    gpu,
+    inventory_body,
+    telemetry_body,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
@@ -31,6 +43,8 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
 # GET; the bound leaves room for a loaded machine. Never a fixed sleep.
 ARRIVAL_MS = 20_000
 HOSTNAME = "gpu-dash-01"
+# The stream's keep-alive in the logout test: it must close within one.
+KEEPALIVE_S = 1.0
 
 
 def _missing(what: str) -> None:
@@ -177,3 +191,60 @@ def test_dashboard(api: RunningApi, browser_page: Any) -> None:
     assert elsewhere == [], f"the dashboard reached beyond the API: {elsewhere}"
     assert refused == [], refused
     client.close()
+
+
+def _signed_in(page: Any, api: RunningApi) -> None:
+    """The page at /ui, signed in, its event stream open."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{api.base_url}{UI_LOGIN}")
+    page.fill("#operator_key", OPERATOR_KEY)
+    page.click("#login")
+    page.wait_for_url(f"{api.base_url}{UI_PREFIX}")
+    expect(page.locator("#live")).to_have_text("live", timeout=ARRIVAL_MS)
+
+
+def test_the_pages_stream_ends_within_a_keepalive_of_a_logout_elsewhere(
+    api_factory: ApiFactory, browser_page: Any
+) -> None:
+    """The page's EventSource holds the session cookie; a logout of that session from
+    another tab (or a copy of the cookie) must end it, not leave it delivering."""
+    from playwright.sync_api import expect
+
+    api = api_factory(notification_keepalive_s=KEEPALIVE_S)
+    page = browser_page
+    _signed_in(page, api)
+    # The audit view shows each event from the stream itself, with no GET that a
+    # revoked cookie would be refused on.
+    page.click('#tabs a[data-view="audit"]')
+    expect(page.locator("#view-audit")).to_be_visible()
+    with api.client() as operator:
+        made = operator.post(TOKENS, json={"note": "before"}, headers=api.admin_headers)
+        assert made.status_code == 201, made.text
+    expect(page.locator("#audit tbody")).to_contain_text("token.created", timeout=ARRIVAL_MS)
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    with api.client(cookies={SESSION_COOKIE: cookies[SESSION_COOKIE]}) as other_tab:
+        answer = other_tab.post(UI_LOGOUT, headers={CSRF_HEADER: cookies[CSRF_COOKIE]})
+        assert answer.status_code == 204
+    with api.client() as operator:
+        made = operator.post(TOKENS, json={"note": "after"}, headers=api.admin_headers)
+        assert made.status_code == 201, made.text
+    # The stream ends within a keep-alive; its reconnect (2 s later) is refused and the
+    # page goes to the login page. Before, it stayed open and kept showing events.
+    page.wait_for_url(f"{api.base_url}{UI_LOGIN}", timeout=(KEEPALIVE_S * 4 + 2 + 5) * 1000)
+
+
+def test_the_error_bar_shows_the_refusals_code_and_message(
+    api: RunningApi, browser_page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    _signed_in(page, api)
+    page.fill('#node-filter input[name="label"]', "not a label!")
+    page.press('#node-filter input[name="label"]', "Enter")
+    error = page.locator("#error")
+    expect(error).to_be_visible(timeout=ARRIVAL_MS)
+    # The admin API's error body: {"code", "message", ...} at the top level.
+    expect(error).to_have_text(re.compile(r"^422 validation_failed: \S.*"))
+    assert "label" in error.inner_text()

@@ -71,8 +71,16 @@
     if (!response.ok) {
       let detail = `${response.status}`;
       try {
+        // The admin API's error contract (schemas/errors.py: ErrorBody): code and message
+        // at the top level, and for a validation failure which field and why.
         const body = await response.json();
-        detail = `${response.status} ${body.error?.code || ""}: ${body.error?.message || ""}`;
+        const code = typeof body?.code === "string" ? body.code : "";
+        const message = typeof body?.message === "string" ? body.message : "";
+        if (code || message) detail = `${response.status} ${code}: ${message}`;
+        const field = Array.isArray(body?.details) ? body.details[0] : null;
+        if (field && Array.isArray(field.location) && typeof field.message === "string") {
+          detail += ` (${field.location.join(".")}: ${field.message})`;
+        }
       } catch (_) { /* not JSON */ }
       throw new Error(detail);
     }
