@@ -1,7 +1,8 @@
 """The `admin` and `background` fixtures: `modelforge admin …` as a subprocess against
 the test's `api` (a test module may override `api` to give the API other settings).
 `admin` runs a command to its end; `background` leaves one running (a watch) and reads
-its lines as they come.
+its lines as they come. `tty_admin` and `tty_background` do the same with stdout on a
+pseudo-terminal, where Rich colours as in an operator's shell.
 
 A plugin, loaded by the CLI's test files with `pytest_plugins = ["tests.cli_fixtures"]`;
 never imported by name (so pytest rewrites its asserts). The helpers they use, and that
@@ -16,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.api_server import OPERATOR_KEY, RunningApi
-from tests.cli_support import Admin, Running, command, environment, run_command
+from tests.cli_support import (
+    Admin,
+    Running,
+    command,
+    environment,
+    run_command,
+    run_on_tty,
+    start_on_tty,
+)
 
 
 @pytest.fixture
@@ -54,3 +63,29 @@ def background(api: RunningApi, tmp_path: Path) -> Iterator[Callable[..., Runnin
         if process.poll() is None:
             process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture
+def tty_admin(api: RunningApi, tmp_path: Path) -> Admin:
+    def run(*args: str, key: str | None = OPERATOR_KEY) -> subprocess.CompletedProcess[str]:
+        return run_on_tty(*args, env=environment(api.base_url, key, tmp_path / "no-stack"))
+
+    return run
+
+
+@pytest.fixture
+def tty_background(api: RunningApi, tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(*args: str, key: str | None = OPERATOR_KEY) -> Running:
+        running = start_on_tty(*args, env=environment(api.base_url, key, tmp_path / "no-stack"))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if running.process.poll() is None:
+            running.process.terminate()
+        running.process.wait(timeout=10)
+        if running.process.stderr is not None:
+            running.process.stderr.close()

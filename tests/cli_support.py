@@ -7,14 +7,19 @@ failure must be the one line the CLI promises (`failed`)."""
 
 from __future__ import annotations
 
+import codecs
+import fcntl
 import os
+import pty
 import queue
 import re
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,18 +95,34 @@ def containing(*parts: str) -> Callable[[str], bool]:
 
 
 class Running:
-    """A command left running (a watch): its stdout lines as they come."""
+    """A command left running (a watch): its stdout lines as they come (from its pipe, or
+    from the terminal it writes to: `lines`)."""
 
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: subprocess.Popen[str], lines: Iterable[str] | None = None) -> None:
         self.process = process
         self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        source = lines if lines is not None else process.stdout
+        assert source is not None
+        threading.Thread(target=self._read, args=(source,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
+    def _read(self, source: Iterable[str]) -> None:
+        for line in source:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
+
+    def rest(self, timeout_s: float = COMMAND_S) -> list[str]:
+        """Every line still to come, once the command has ended (within the bound)."""
+        deadline = time.monotonic() + timeout_s
+        lines: list[str] = []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                return lines
+            lines.append(line)
+        raise AssertionError("the command's output did not end within the bound")
 
     def line(self, wanted: Callable[[str], bool], timeout_s: float = ARRIVAL_S) -> str:
         """The next line that `wanted` accepts, within the bound."""
@@ -119,3 +140,77 @@ class Running:
                 raise AssertionError(f"the command ended: {self.process.stderr.read()}")
             if wanted(line):
                 return line
+
+
+# The terminal the TTY commands write to: wide, so no row folds, and one Rich colours.
+TTY_COLUMNS = 400
+
+
+def tty_environment(env: dict[str, str]) -> dict[str, str]:
+    """An operator's colour terminal: whatever the test's own environment says of
+    colours (NO_COLOR, FORCE_COLOR, a dumb TERM) is left out."""
+    quiet = {"NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "TERM"}
+    return {
+        **{k: v for k, v in env.items() if k not in quiet},
+        "TERM": "xterm-256color",
+        "COLUMNS": str(TTY_COLUMNS),
+    }
+
+
+def _terminal_lines(master: int) -> Iterator[str]:
+    """What the command wrote to its terminal, a line at a time, exactly as the terminal
+    received it (escape sequences included; the terminal's CR before each LF removed)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = ""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the command and every copy of its terminal closed
+                chunk = b""
+            if not chunk:
+                break
+            pending += decoder.decode(chunk)
+            *whole, pending = pending.split("\n")
+            for line in whole:
+                yield line.removesuffix("\r")
+        if pending:
+            yield pending
+    finally:
+        os.close(master)
+
+
+def start_on_tty(*args: str, env: dict[str, str]) -> Running:
+    """The command with its stdout on a pseudo-terminal (stderr a pipe): Rich sees a
+    real terminal and colours, as in an operator's shell."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, TTY_COLUMNS, 0, 0))
+    try:
+        process = subprocess.Popen(
+            command(*args),
+            env=tty_environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(slave)
+    return Running(process, _terminal_lines(master))
+
+
+def run_on_tty(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """start_on_tty to the command's end: its terminal's text as stdout."""
+    running = start_on_tty(*args, env=env)
+    try:
+        running.process.wait(timeout=COMMAND_S)
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+    stdout = "\n".join(running.rest())
+    assert running.process.stderr is not None
+    stderr = running.process.stderr.read()
+    running.process.stderr.close()
+    return subprocess.CompletedProcess(
+        running.process.args, running.process.returncode, stdout, stderr
+    )

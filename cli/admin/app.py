@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from cli.admin import audit, dead_letters, deployments, fleet, jobs, nodes, runtime, tokens
 from cli.admin.client import AdminFailure
 from cli.admin.context import Admin
+from cli.terminal import visible
 
 
 def build_app() -> typer.Typer:
@@ -62,10 +63,10 @@ def run(argv: Sequence[str]) -> int:
     try:
         result = command.main(args=list(argv), prog_name="modelforge admin", standalone_mode=False)
     except AdminFailure as exc:
-        print(exc.line(), file=sys.stderr)
+        say(exc.line())
         return exc.exit_code
     except typer.Abort:
-        print("aborted", file=sys.stderr)
+        say("aborted")
         return 130
     except typer.TyperException as exc:
         # typer's own (vendored click) usage errors: their message and the usage line.
@@ -73,14 +74,14 @@ def run(argv: Sequence[str]) -> int:
         if show is not None:
             show()
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}")
         code = getattr(exc, "exit_code", 2)
         return code if isinstance(code, int) else 2
     except ValidationError as exc:
         # A body checked before it was sent (the API would refuse it the same way).
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or exc.title
-        print(f"error: invalid input: {where}: {first['msg']}", file=sys.stderr)
+        say(f"error: invalid input: {where}: {first['msg']}")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -94,10 +95,15 @@ def run(argv: Sequence[str]) -> int:
         # operator; the traceback for whoever debugs it (python -X dev, PYTHONDEVMODE=1).
         if sys.flags.dev_mode:
             raise
-        print(
+        say(
             f"error: unexpected {type(exc).__name__}: {exc} (a bug in modelforge admin; "
-            "PYTHONDEVMODE=1 shows where)",
-            file=sys.stderr,
+            "PYTHONDEVMODE=1 shows where)"
         )
         return 1
     return result if isinstance(result, int) else 0
+
+
+def say(line: str) -> None:
+    """A failure's one line on stderr. It may hold what the server or the operator wrote
+    (a refusal's message, a field's name): shown, never obeyed by the terminal."""
+    print(visible(line), file=sys.stderr)

@@ -66,4 +66,4 @@ def replay(ctx: typer.Context, seq: SeqArg, json: JsonOption = False) -> None:
 def delete(ctx: typer.Context, seq: SeqArg) -> None:
     with admin(ctx).client() as client:
         client.request("DELETE", f"{DEAD_LETTERS}/{seq}")
-    output(False).console.print(f"deleted dead letter {seq}")
+    output(False).line(f"deleted dead letter {seq}")

@@ -13,7 +13,7 @@ from rich.status import Status
 
 from cli.admin.bodies import read_body
 from cli.admin.context import JsonOption, admin, output
-from cli.admin.output import Column, Output, styled
+from cli.admin.output import Column, Output, join, styled
 from cli.admin.runtime import JOB_COLUMNS
 from cli.admin.watch import follow
 from schemas.deployments import (
@@ -144,8 +144,8 @@ def _secret(json: bool, created: ServiceClientCreated) -> None:
         out.json(created)
         return
     out.table(created, [created], CLIENT_COLUMNS)
-    out.errors.print("the secret (shown once):")
-    print(created.secret, flush=True)
+    out.error("the secret (shown once):")
+    out.secret(created.secret)
 
 
 @clients.command("create")
@@ -234,12 +234,15 @@ def watch(
                     failure = (
                         f" ({view.failure.code}: {view.failure.detail})" if view.failure else ""
                     )
-                    out.console.print(
-                        f"{view.model} on {view.node_id}/{view.device_id}: "
-                        f"{styled(view.state.value)}{failure}"
+                    out.line(
+                        f"{view.model} on {view.node_id}/{view.device_id}: ",
+                        styled(view.state.value),
+                        failure,
                     )
                 if status is not None:
-                    status.update(f"{view.model}: {view.state.value}, waiting for {until.value}")
+                    status.update(
+                        join(f"{view.model}: {view.state.value}, waiting for {until.value}")
+                    )
             if view.state is until or view.state in ENDED_STATES:
                 raise _Reached(view)
 
@@ -260,4 +263,4 @@ def _status(out: Output, deployment: uuid.UUID) -> Status | nullcontext[None]:
     """A spinner while a model loads, on a terminal only (a pipe gets the lines)."""
     if out.json_mode or not out.console.is_terminal:
         return nullcontext()
-    return out.console.status(f"deployment {deployment}")
+    return out.console.status(join(f"deployment {deployment}"))

@@ -23,6 +23,7 @@ from cli.admin.context import JsonOption, LimitOption, admin, output
 from cli.admin.listing import NodeFilter, StateFilter, show_jobs
 from cli.admin.output import Column, Output
 from cli.admin.watch import follow
+from cli.terminal import visible
 from schemas.artifacts import ArtifactJobList, ArtifactJobView, ArtifactManifest, CreateArtifactJob
 from schemas.events import CloudEvent
 from schemas.jobs import TERMINAL_STATES, JobState
@@ -183,7 +184,7 @@ def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
                     done = total
                 bar.update(
                     task,
-                    description=f"{view.spec.repository} [{view.state.value}]",
+                    description=visible(f"{view.spec.repository} [{view.state.value}]"),
                     completed=done,
                     total=total,
                 )
@@ -210,7 +211,8 @@ def _bar(out: Output) -> Progress | _NoBar:
     if out.json_mode:
         return _NoBar()
     return Progress(
-        TextColumn("{task.description}"),
+        # The description is data (a repository's name): shown as written, never markup.
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

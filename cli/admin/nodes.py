@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from cli.admin.client import AdminClient, AdminFailure
 from cli.admin.context import JsonOption, LimitOption, WatchOption, admin, output
-from cli.admin.output import Column, Output, cell, render_table, size, styled
+from cli.admin.output import Column, Output, cell, size, styled
 from cli.admin.watch import follow
 from schemas.admin import (
     CredentialRevoked,
@@ -102,7 +103,7 @@ def watch_nodes(
                 _list(out, client.get(NodeList, NODES))
             elif not out.json_mode:
                 detail = client.get(NodeDetail, f"{NODES}/{node}")
-                out.console.print(render_table([detail], NODE_COLUMNS))
+                out.rows([detail], NODE_COLUMNS)
 
         follow(
             client,
@@ -121,12 +122,13 @@ def _node_row(client: AdminClient, out: Output, event: CloudEvent) -> bool:
     if out.json_mode:
         out.json(event)
         return True
+    now: list[str | Text]
     try:
         node = client.get(NodeDetail, f"{NODES}/{event.nodeid}")
-        now = f"{styled(node.liveness.value)} {node.hostname}"
+        now = [styled(node.liveness.value), " ", node.hostname]
     except AdminFailure:
-        now = "-"
-    out.console.print(f"{event.time:%H:%M:%S}  {event.action:<26} {event.nodeid}  {now}")
+        now = ["-"]
+    out.line(f"{event.time:%H:%M:%S}  {event.action:<26} {event.nodeid}  ", *now)
     return True
 
 
@@ -161,20 +163,18 @@ def get_node(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> Non
     )
     missing = [g for g in detail.gpus if g.missing]
     title = f"GPUs ({len(missing)} missing)" if missing else "GPUs"
-    out.console.print(render_table(detail.gpus, GPU_COLUMNS, title=title))
+    out.rows(detail.gpus, GPU_COLUMNS, title=title)
     telemetry = detail.telemetry
     if telemetry is not None:
-        out.console.print(
-            f"RAM {size(telemetry.ram_used_bytes)} of {size(telemetry.ram_total_bytes)} used"
-        )
+        out.line(f"RAM {size(telemetry.ram_used_bytes)} of {size(telemetry.ram_total_bytes)} used")
         rows = [
             (g.uuid, g.utilization_percent, size(g.memory_used_bytes), g.temperature_c, g.power_w)
             for g in telemetry.gpus
         ]
         if rows:
-            lines = ["UUID  UTIL%  MEM USED  TEMP C  POWER W"]
-            lines += ["  ".join(cell(v) for v in row) for row in rows]
-            out.console.print("\n".join(lines))
+            out.line("UUID  UTIL%  MEM USED  TEMP C  POWER W")
+            for row in rows:
+                out.line("  ".join(cell(v) for v in row))
 
 
 def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, json: bool) -> NodeDetail:
@@ -184,7 +184,7 @@ def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, json: bool) -> 
     if out.json_mode:
         out.json(detail)
     else:
-        out.console.print(render_table([detail], NODE_COLUMNS))
+        out.rows([detail], NODE_COLUMNS)
     return detail
 
 
@@ -229,7 +229,7 @@ def revoke_credential(ctx: typer.Context, node: NodeArg, json: JsonOption = Fals
     if out.json_mode:
         out.json(revoked)
     else:
-        out.console.print(f"revoked {len(revoked.revoked_credential_ids)} credential(s)")
+        out.line(f"revoked {len(revoked.revoked_credential_ids)} credential(s)")
 
 
 @credential_app.command("rotate")
@@ -266,18 +266,18 @@ def rotate_credential(
         if out.json_mode:
             out.json(rotated)
         else:
-            out.console.print(
+            out.line(
                 f"credential {rotated.credential_id} (shown once; install it on the node "
                 "with `modelforge agent install-credential`):"
             )
-            print(rotated.credential, flush=True)
+            out.secret(rotated.credential)
         return
     try:
         installed = state.install_credential(rotated.model_dump_json())
     except (AgentError, OSError) as exc:
         # The new credential exists only here now: never lose it.
-        out.errors.print(f"installing failed ({exc}); the credential, shown once:")
-        print(rotated.model_dump_json(), flush=True)
+        out.error(f"installing failed ({exc}); the credential, shown once:")
+        out.secret(rotated.model_dump_json())
         raise AdminFailure("the credential was rotated but not installed") from None
     out.note(
         f"installed credential {installed.credential_id} for node {installed.node_id} in "
@@ -316,7 +316,7 @@ def decommission(
     if out.json_mode:
         out.json(result)
     else:
-        out.console.print(
+        out.line(
             f"decommissioned {result.node_id}: revoked {len(result.revoked_credential_ids)} "
             f"credential(s), {len(result.revoked_enrollment_token_ids)} token(s); cancelled "
             f"{len(result.cancelled_job_ids)} job(s), unloaded "

@@ -80,8 +80,8 @@ def create(
         out.json(created)
         return
     out.table(created, [created.token], TOKEN_COLUMNS)
-    out.errors.print("the secret (shown once; give it to the agent's enrollment):")
-    print(created.secret, flush=True)
+    out.error("the secret (shown once; give it to the agent's enrollment):")
+    out.secret(created.secret)
 
 
 @app.command("list")

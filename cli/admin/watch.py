@@ -53,7 +53,7 @@ def follow(
                     continue
                 if event_type == ADMIN_EVENTS_OVERFLOW:
                     # Too far behind to resume: read the state again, then follow.
-                    out.note("[yellow]fell behind the event stream; reconnecting[/]")
+                    out.note("fell behind the event stream; reconnecting", style="yellow")
                     last_id = None
                     break
                 try:
@@ -70,6 +70,6 @@ def follow(
             # never opened; a broken one may.
             if isinstance(exc, Refused) or not opened:
                 raise
-            out.note(f"[yellow]{exc}; reconnecting[/]")
+            out.note(f"{exc}; reconnecting", style="yellow")
         failures += 1
         time.sleep(RETRY_S[min(failures, len(RETRY_S)) - 1])
