@@ -239,3 +239,19 @@ def test_every_renderer_of_output_prints_data_literally() -> None:
         assert shown in text, shown
     assert SHOWN_HOST_OS in text and DISPLAY_NAME in text
     assert f"at {SHOWN_STORED_HOSTNAME} online" in text
+
+
+@pytest.mark.fast
+def test_an_error_line_shows_what_it_echoes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure's one line names what it could not reach or was refused, as given: a
+    URL here (a refusal's message from the server the same way), spelled out."""
+    from cli.admin.app import run
+
+    monkeypatch.setenv("MODELFORGE_OPERATOR_API_KEY", "key")
+    # Nothing listens on port 9 (discard): refused at once.
+    assert run(["--api-url", "http://127.0.0.1:9/\u202eevil\u2066", "nodes", "list"]) == 1
+    line = capsys.readouterr().err
+    assert line.startswith("error: cannot reach the API at http://127.0.0.1:9/\\u202eevil\\u2066")
+    assert "\u202e" not in line and "\u2066" not in line
