@@ -33,6 +33,7 @@ from api.metrics import ApiMetrics
 from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
+from api.middleware.utf8_body import Utf8BodyMiddleware
 from api.node_cache import NodeCache, node_cache
 from api.notifications import notification_hub
 from api.presence import presence_beat
@@ -170,10 +171,11 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
     )
     install_exception_handlers(app)
     # Added last = outermost: the correlation id exists before anything logs or answers.
+    # An invoke's answer stream is llama-server's bytes, bounded by its route.
+    streamed = (INVOKE_STREAM.split("{", 1)[0],)
+    app.add_middleware(Utf8BodyMiddleware, streamed_prefixes=streamed)
     app.add_middleware(
-        BodySizeLimitMiddleware,
-        max_bytes=settings.max_body_bytes,
-        streamed_prefixes=(INVOKE_STREAM.split("{", 1)[0],),
+        BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, streamed_prefixes=streamed
     )
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.add_middleware(CorrelationIdMiddleware)

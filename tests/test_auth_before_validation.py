@@ -22,7 +22,14 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.protocol import ADMIN_HEADER, SERVICE_CLIENTS
+from schemas.protocol import (
+    ADMIN_HEADER,
+    ADMIN_PREFIX,
+    AGENT_PREFIX,
+    ENROLL,
+    GATEWAY_PREFIX,
+    SERVICE_CLIENTS,
+)
 from schemas.ui import CSRF_HEADER, SESSION_COOKIE
 from tests.admin_helpers import ok
 from tests.api_server import OPERATOR_KEY, RunningApi
@@ -187,6 +194,16 @@ def test_no_route_validates_before_it_authenticates(shared_api: RunningApi, know
             if operation.get("security")
         ]
         schemes = {next(iter(s)) for _, _, op in operations for s in op["security"]}
+        # Every route of the three APIs names its scheme (enrollment's token is its body).
+        unsecured = [
+            f"{method} {path}"
+            for path, item in document["paths"].items()
+            for method, operation in item.items()
+            if path.startswith((ADMIN_PREFIX, AGENT_PREFIX, GATEWAY_PREFIX))
+            and path != ENROLL
+            and not operation.get("security")
+        ]
+        assert unsecured == []
         assert schemes == set(CODES), schemes
         asked = 0
         wrong: list[str] = []

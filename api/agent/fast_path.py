@@ -42,6 +42,7 @@ from api.deps import cached_node
 from api.metrics import ApiMetrics, count_decision
 from api.middleware.access_log import record_access
 from api.middleware.correlation import HEADER_BYTES, incoming_correlation_id
+from api.middleware.utf8_body import BodyNotUtf8, decoded
 from api.state import ApiState
 from schemas.agent import HeartbeatRequest, TelemetryReport
 from schemas.protocol import HEARTBEAT, TELEMETRY, StreamName
@@ -97,14 +98,15 @@ def _content_length(scope: Scope) -> int | None:
 
 
 def _parsed(model: type[M], scope: Scope, body: bytes) -> M | None:
-    """The body as the documented route would read it (a JSON body, json.loads, then
-    validation in Python mode, as FastAPI does), or None to leave it to that route."""
+    """The body as the documented route would read it (a JSON body, UTF-8 only as the
+    middleware has it, json.loads, then validation in Python mode, as FastAPI does), or
+    None to leave it to that route."""
     content_type = _header(scope, b"content-type")
     if content_type is not None and content_type.split(";")[0].strip() != "application/json":
         return None
     try:
-        return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError, RecursionError):
+        return model.model_validate(json.loads(decoded(body)))
+    except (BodyNotUtf8, ValueError, ValidationError, RecursionError):
         return None
 
 
