@@ -7,7 +7,7 @@ credential on an admin route, a service client's secret on an agent route, a for
 dashboard session cookie, ...), each together with a malformed path parameter, the
 route's required headers left out, invalid query parameters, and a body that does not
 validate, does not parse or is not UTF-8. Every answer is 401 with a refusal code of the
-route's scheme, never 422 (403 is a disabled node's, and none is presented here).
+route's scheme, or 403 node_disabled for a disabled node's credential, never 422.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from schemas.protocol import (
     AGENT_PREFIX,
     ENROLL,
     GATEWAY_PREFIX,
+    NODES,
     SERVICE_CLIENTS,
 )
 from schemas.ui import CSRF_HEADER, SESSION_COOKIE
@@ -43,11 +44,14 @@ class Credential:
     name: str
     headers: dict[str, str]
     cookies: dict[str, str]
+    # The refusal expected instead of the scheme's 401.
+    refusal: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
 class Known:
     node_credential: str
+    disabled_node_credential: str
     service_secret: str
     revoked_service_secret: str
     enrollment_token: str
@@ -58,6 +62,12 @@ def known(shared_api: RunningApi) -> Known:
     api = shared_api
     with api.client() as client:
         node = enroll(client, api, hostname="auth-first-host")
+        disabled = enroll(client, api, hostname="auth-first-disabled")
+        ok(
+            client.patch(
+                f"{NODES}/{disabled.node_id}", json={"enabled": False}, headers=api.admin_headers
+            )
+        )
 
         def service_client(name: str) -> dict[str, Any]:
             body = {"name": name, "models": ["smollm2-135m"], "roles": ["chat"]}
@@ -70,7 +80,7 @@ def known(shared_api: RunningApi) -> Known:
         revoked = service_client("auth-first-revoked")
         ok(client.post(f"{SERVICE_CLIENTS}/{revoked['id']}/revoke", headers=api.admin_headers))
         token = create_token(client, api)
-    return Known(node.credential, live["secret"], revoked["secret"], token)
+    return Known(node.credential, disabled.credential, live["secret"], revoked["secret"], token)
 
 
 def _bearer(name: str, value: str) -> Credential:
@@ -93,6 +103,13 @@ def _wrong_credentials(scheme: str, known: Known) -> list[Credential]:
             Credential("operator_key_header", {ADMIN_HEADER: OPERATOR_KEY}, {}),
             _bearer("service_client", known.service_secret),
             _bearer("unknown_node", f"mfn.{uuid.uuid4().hex}.{unknown}"),
+            # Authenticated, and refused for what it is: 403, never the 422.
+            Credential(
+                "disabled_node",
+                {"Authorization": f"Bearer {known.disabled_node_credential}"},
+                {},
+                (403, "node_disabled"),
+            ),
         ]
     if scheme == "serviceClientBearer":
         return [
@@ -227,9 +244,14 @@ def test_no_route_validates_before_it_authenticates(shared_api: RunningApi, know
                     asked += 1
                     statuses[response.status_code] += 1
                     code = _code(response)
+                    status, codes = (
+                        (credential.refusal[0], {credential.refusal[1]})
+                        if credential.refusal
+                        else (401, CODES[scheme])
+                    )
                     if (
-                        response.status_code != 401
-                        or code not in CODES[scheme]
+                        response.status_code != status
+                        or code not in codes
                         or not response.headers.get("X-Correlation-ID")
                     ):
                         wrong.append(
