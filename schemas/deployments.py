@@ -4,7 +4,8 @@ name with roles, until an operator drains or unloads it.
 
 Lifecycle: `pending → loading → ready → draining → unloaded`, plus `failed` (the load
 failed for good, with the typed runtime error) and `unavailable` (its node went offline,
-or its health failed: back to `ready` when the node reports it loaded again). The
+its runtime worker's channel is gone, or its health failed: back to `ready` when the node
+reports it loaded again, or a health check passes). The
 deployment reconciler (workers/deployments.py) moves it along with typed jobs over the
 shared leases: deployment.load.v1, deployment.health.v1, deployment.drain.v1 and
 deployment.unload.v1. What each lease carries is an exact, server-resolved value (a
@@ -35,6 +36,12 @@ from schemas.runtime import (
 
 
 class DeploymentState(StrEnum):
+    """pending, loading, ready, draining, unloaded; failed: its load failed for good;
+    unavailable: not served now, with why in its failure (node_offline: its node went
+    offline; runtime_gone: its node's runtime worker held its channel and that channel
+    is gone, within the channel's keep-alive plus a grace; health_failed: a check
+    failed), and back to ready once its runtime worker reports it loaded again."""
+
     PENDING = "pending"
     LOADING = "loading"
     READY = "ready"
@@ -102,7 +109,7 @@ class DeploymentView(WireModel):
     environment_id: uuid.UUID
     state: DeploymentState
     max_concurrent: int
-    # Why it failed, or why it is unavailable.
+    # Why it failed, or why it is unavailable (node_offline, runtime_gone, health_failed).
     failure: DeploymentFailure | None
     # Invokes at once on the node, as its runtime worker last reported.
     queue_depth: int | None

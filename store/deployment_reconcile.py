@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.deployments import DeploymentState
 from schemas.jobs import JobKind, JobState
 from schemas.protocol import StreamName
-from store import deployments, nodes
+from store import deployments, nodes, runtime_channels
 from store.deployment_tables import Deployment
 from store.models import Job, Node, NodeStream
 
@@ -33,6 +33,9 @@ class NodeView:
 
     online: bool
     schedulable: bool
+    # It held a runtime channel and that channel is gone (store/runtime_channels.py):
+    # its runtime worker died, or cannot reach the control plane.
+    runtime_gone: bool
     # The last applied runtime report: when the control plane received it, and the
     # deployments it lists as loaded.
     report_received_at: datetime | None
@@ -63,6 +66,7 @@ async def _node_view(session: AsyncSession, node: Node) -> NodeView:
     return NodeView(
         online=node.liveness == "online" and node.enabled and not nodes.is_terminal(node),
         schedulable=node.enabled and not nodes.is_terminal(node),
+        runtime_gone=await runtime_channels.gone(session, node.id),
         report_received_at=stream.good_received_at if stream is not None else None,
         loaded=frozenset(loaded),
     )
@@ -154,6 +158,24 @@ async def reconcile_one(
             )
             return "unavailable"
         return None
+
+    if view.runtime_gone:
+        # The gateway can no longer reach it: shown as it is, and nothing reloaded or
+        # checked before the runtime worker is back (a report after its return decides).
+        if state == DeploymentState.READY:
+            deployment.failure_code = deployments.RUNTIME_GONE
+            deployment.failure_detail = "its runtime worker's channel is gone"
+            deployments.transition(
+                session,
+                deployment,
+                DeploymentState.UNAVAILABLE,
+                now,
+                reason=deployments.RUNTIME_GONE,
+                actor=actor,
+            )
+            return "unavailable"
+        if state == DeploymentState.UNAVAILABLE:
+            return None
 
     if state == DeploymentState.UNAVAILABLE:
         if deployment.failure_code == deployments.HEALTH_FAILED and is_loaded:

@@ -1,4 +1,5 @@
-"""The M5 tables (migration 0010): deployments and service clients."""
+"""The M5 tables (migration 0010): deployments and service clients; and the runtime
+channels their availability is read from (migration 0016)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ class ServiceClient(Base):
     created_at: Mapped[datetime]
     rotated_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+class RuntimeChannel(Base):
+    """A node's runtime channel, as the API process holding it last wrote it
+    (store/runtime_channels.py): one row per node, the newest channel's."""
+
+    __tablename__ = "runtime_channels"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    channel_id: Mapped[uuid.UUID]
+    opened_at: Mapped[datetime]
+    # Past this the channel counts as gone: a keep-alive moves it on, the channel's end
+    # brings it close, an API process that died leaves it to pass.
+    expires_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]

@@ -5,8 +5,9 @@ route is store/deployment_routes.py.
 
 Lifecycle (schemas/deployments.py): `pending` (its load job queued) → `loading` (claimed)
 → `ready` → `draining` → `unloaded`; `failed` when the load failed for good (the job's
-own bounded retries with backoff ran out), `unavailable` when its node went offline or
-its health failed (back to `ready` when the node reports it loaded again, or reloaded).
+own bounded retries with backoff ran out), `unavailable` when its node went offline, its
+runtime worker's channel is gone (store/runtime_channels.py) or its health failed (back
+to `ready` when the node reports it loaded again, or reloaded).
 
 Every job is one of the shared leases (store/leases.py); this module only decides what
 each settled job means for its deployment (`on_claimed`, `on_settled`, called by the
@@ -48,6 +49,8 @@ ENDED = frozenset(state.value for state in ENDED_STATES)
 TARGET_ATTEMPTS = 3
 # Why a loaded deployment is unavailable when its own health check failed.
 HEALTH_FAILED = "health_failed"
+# Why one is unavailable when its runtime worker's channel is gone (its node online).
+RUNTIME_GONE = "runtime_gone"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""A node's held notification request (GET NOTIFICATIONS), as the agent holds it: for the
-tests of job notifications and of stopping an API or `up` while a channel is open."""
+"""A node's held notification request (GET NOTIFICATIONS), as the agent holds it, or its
+runtime channel as the runtime worker does: for the tests of job notifications, of
+stopping an API or `up` while a channel is open, and of a runtime worker's loss."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ class Channel:
 
 
 @contextlib.asynccontextmanager
-async def channel(base_url: str, credential: str) -> AsyncIterator[Channel]:
-    """The node's held notification request; its `event: job` payloads, in order."""
+async def channel(
+    base_url: str, credential: str, path: str = NOTIFICATIONS
+) -> AsyncIterator[Channel]:
+    """The node's held notification request (or its runtime channel: `path`); its
+    `event: job` payloads, in order. Leaving the block breaks the connection, as a
+    killed process's does."""
     held = Channel()
 
     async def hold() -> None:
@@ -33,7 +38,7 @@ async def channel(base_url: str, credential: str) -> AsyncIterator[Channel]:
         timeout = httpx.Timeout(10.0, read=60.0)
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
             headers = {"Authorization": f"Bearer {credential}"}
-            async with client.stream("GET", NOTIFICATIONS, headers=headers) as response:
+            async with client.stream("GET", path, headers=headers) as response:
                 assert response.status_code == 200
                 assert response.headers["content-type"].startswith("text/event-stream")
                 event = None

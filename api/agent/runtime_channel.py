@@ -4,11 +4,18 @@ up which llama-server's answer goes back (a chunked request body). Neither holds
 database transaction while open: the node is authenticated up front (from the node
 cache, or one short transaction), and the channel re-checks it at every keep-alive, as
 the notification channel does (api/agent/notifications.py). api/gateway/relay.py routes
-both between API processes."""
+both between API processes.
+
+The channel is also how the control plane knows the node's runtime worker is there: its
+holder writes that to PostgreSQL when it opens, at each keep-alive and when it ends
+(store/runtime_channels.py), in short transactions of their own, and the deployment
+reconciler in the workers turns the node's ready deployments `unavailable` once it is
+gone (and back when the worker returns), for every process and view to agree."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Annotated
@@ -21,6 +28,7 @@ from starlette.requests import ClientDisconnect
 from api.deps import HeldNode, NodeAuthorization, State, node_outside_transaction
 from api.errors import ApiError, Conflict, Forbidden, NotFound, error_responses
 from api.gateway.relay import Ended, Opened, Verdict, answer_media_type
+from api.state import ApiState
 from schemas.base import SAFE_INT_MAX, WireModel
 from schemas.errors import ErrorCode
 from schemas.protocol import (
@@ -31,8 +39,10 @@ from schemas.protocol import (
     INVOKE_STREAM,
     RUNTIME_CHANNEL,
 )
+from store import runtime_channels
 from store.errors import StoreError
 
+logger = logging.getLogger("modelforge.api.runtime_channel")
 router = APIRouter(tags=["agent"], responses=error_responses(401, 403, 503))
 # An answer is bounded by its token bound; this only stops a node streaming for ever.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
@@ -49,11 +59,13 @@ async def runtime_channel(state: State, authorization: NodeAuthorization) -> Str
     an invoke's client left."""
     node_id = (await node_outside_transaction(state, authorization)).node_id
     keepalive_s = state.settings.notification_keepalive_s
+    channel_id = uuid.uuid4()
 
     async def stream() -> AsyncGenerator[str, None]:
         loop = asyncio.get_running_loop()
         with state.notifications.channel(node_id) as notes:
             async with state.invokes.channel(node_id) as invokes:
+                await _held(state, node_id, channel_id, keepalive_s, opened=True)
                 yield "retry: 2000\n: connected\n\n"
                 check_at = loop.time() + keepalive_s
                 note = asyncio.ensure_future(notes.get())
@@ -78,17 +90,48 @@ async def runtime_channel(state: State, authorization: NodeAuthorization) -> Str
                             await node_outside_transaction(state, authorization)
                         except (ApiError, StoreError, SQLAlchemyError, OSError):
                             return  # refused (or unsure): the channel closes
+                        await _held(state, node_id, channel_id, keepalive_s, opened=False)
                         yield ": keep-alive\n\n"
                         check_at = loop.time() + keepalive_s
                 finally:
                     note.cancel()
                     work.cancel()
+                    # Often run while cancelled (the worker's connection broke): the
+                    # write is a task of its own, which that cancel does not stop.
+                    state.invokes.spawn(_ended(state, node_id, channel_id))
 
     return StreamingResponse(
         state.held_streams.hold(stream()),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+async def _held(
+    state: ApiState, node_id: uuid.UUID, channel_id: uuid.UUID, keepalive_s: float, *, opened: bool
+) -> None:
+    """Record that the channel is held for one more keep-alive. A failed write leaves the
+    channel open (invokes still flow): the next keep-alive writes again."""
+    try:
+        async with state.sessions() as session, session.begin():
+            await runtime_channels.held(session, node_id, channel_id, keepalive_s, opened=opened)
+    except (SQLAlchemyError, OSError) as exc:
+        logger.warning(
+            "could not record node %s's runtime channel (%s)", node_id, type(exc).__name__
+        )
+
+
+async def _ended(state: ApiState, node_id: uuid.UUID, channel_id: uuid.UUID) -> None:
+    """Record that the channel ended; if this write is lost, the row expires by itself."""
+    try:
+        async with state.sessions() as session, session.begin():
+            await runtime_channels.ended(session, node_id, channel_id)
+    except (SQLAlchemyError, OSError) as exc:
+        logger.warning(
+            "could not record the end of node %s's runtime channel (%s)",
+            node_id,
+            type(exc).__name__,
+        )
 
 
 class StreamAnswer(WireModel):

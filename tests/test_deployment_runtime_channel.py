@@ -1,0 +1,166 @@
+"""A deployment is shown as the gateway sees it: when its node's runtime channel drops (the
+runtime worker killed, crashed) it turns `unavailable` within the grace, its node still
+online, with one event per transition however many reconcilers sweep at once, and back
+to `ready` when the worker returns and reports it loaded. The truth is in PostgreSQL
+(store/runtime_channels.py), so an API process that died holding the channel, and wrote
+no end, is covered too. The real API and PostgreSQL, the reconciler as the workers run
+it, the test holding the channel as the runtime worker does (tests/held_channel.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from schemas.protocol import RUNTIME_CHANNEL
+from store import runtime_channels
+from store.deployment_tables import RuntimeChannel
+from store.liveness import LivenessThresholds
+from tests.api_server import ApiFactory, RunningApi
+from tests.deployment_flows import (
+    RECONCILE_POLICY,
+    DeployedNode,
+    beat,
+    deployment,
+    ready_deployment,
+    state_after_sweeps,
+    until_state,
+)
+from tests.held_channel import channel
+from tests.test_deployments import transitions
+from workers.deployments import reconcile
+
+# The channel's end to the view's `unavailable`: the grace, a sweep, the test's polling.
+BOUND_S = runtime_channels.GRACE_S + 5
+
+
+# The node stays online all along (it beats): only its runtime worker goes.
+ONLINE = LivenessThresholds(stale_after_s=30, offline_after_s=90)
+
+
+@pytest.fixture
+def lifecycle_api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(
+        stale_after_s=ONLINE.stale_after_s,
+        offline_after_s=ONLINE.offline_after_s,
+        notification_keepalive_s=1.0,
+    )
+
+
+def swept(
+    sessions: async_sessionmaker[AsyncSession], api: RunningApi, deployed: DeployedNode
+) -> Callable[[], Awaitable[str]]:
+    """One pass of the workers' sweeps, the node beating; then the deployment's state."""
+
+    async def once() -> str:
+        with api.client() as client:
+            beat(client, deployed.node)
+        return await state_after_sweeps(sessions, api, deployed.deployment["id"], ONLINE)
+
+    return once
+
+
+async def test_a_dropped_runtime_channel_makes_it_unavailable_and_its_return_ready(
+    lifecycle_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = lifecycle_api
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+    deployment_id = deployed.deployment["id"]
+    check = swept(sessions, api, deployed)
+    node = deployed.node
+
+    async with channel(api.base_url, node.credential, RUNTIME_CHANNEL):
+        # Held (across keep-alives): nothing changes.
+        for _ in range(3):
+            assert await check() == "ready"
+        await asyncio.sleep(1.2)  # one keep-alive passes (part of the scenario)
+        assert await check() == "ready"
+    lost = time.monotonic()
+    await until_state(check, "unavailable", timeout_s=BOUND_S)
+    assert time.monotonic() - lost < BOUND_S
+    with api.client() as client:
+        view = deployment(client, api, deployment_id)
+    assert view["failure"]["code"] == "runtime_gone"
+
+    # Still gone: it stays unavailable, even reported loaded by a report sent before.
+    assert await check() == "unavailable"
+
+    async with channel(api.base_url, node.credential, RUNTIME_CHANNEL):
+
+        async def returned() -> str:
+            with api.client() as client:
+                deployed.report(client, loaded=True)
+            return await check()
+
+        await until_state(returned, "ready", timeout_s=BOUND_S)
+    with api.client() as client:
+        assert deployment(client, api, deployment_id)["failure"] is None
+    moves = transitions(api, deployment_id)
+    assert moves.count(("ready", "unavailable")) == 1
+    assert moves[-2:] == [("ready", "unavailable"), ("unavailable", "ready")]
+
+
+async def test_an_api_that_died_holding_the_channel_leaves_it_to_expire_one_event_per_sweep_race(
+    lifecycle_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The holder's last write was a keep-alive, and no end came (the API process was
+    killed): the row expires by itself. Four reconcilers sweep at once all along: one
+    event for the transition."""
+    api = lifecycle_api
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+    deployment_id = deployed.deployment["id"]
+    node_id = uuid.UUID(deployed.node.node_id)
+    async with sessions() as session, session.begin():
+        await runtime_channels.held(session, node_id, uuid.uuid4(), 0.0, opened=True)
+    written = time.monotonic()
+
+    async def raced() -> str:
+        with api.client() as client:
+            beat(client, deployed.node)
+        await asyncio.gather(*(reconcile(sessions, RECONCILE_POLICY) for _ in range(4)))
+        return await state_after_sweeps(sessions, api, deployment_id, ONLINE)
+
+    await until_state(raced, "unavailable", timeout_s=BOUND_S)
+    assert time.monotonic() - written >= runtime_channels.GRACE_S - 0.5
+    for _ in range(3):
+        assert await raced() == "unavailable"
+    assert transitions(api, deployment_id).count(("ready", "unavailable")) == 1
+
+
+async def test_the_newest_channel_holds_the_row_when_an_older_one_ends(
+    lifecycle_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A runtime worker reconnects (to another API process) before its old channel's end
+    is written: that late end does not count against the new channel, and the old one's
+    keep-alive does not take the row back."""
+    api = lifecycle_api
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+    node_id = uuid.UUID(deployed.node.node_id)
+    old, new = uuid.uuid4(), uuid.uuid4()
+
+    async def row() -> RuntimeChannel:
+        async with sessions() as session:
+            found = await session.get(RuntimeChannel, node_id)
+            assert found is not None
+            return found
+
+    async with sessions() as session, session.begin():
+        await runtime_channels.held(session, node_id, old, 15.0, opened=True)
+        await runtime_channels.held(session, node_id, new, 15.0, opened=True)
+        await runtime_channels.held(session, node_id, old, 15.0, opened=False)
+        await runtime_channels.ended(session, node_id, old)
+    held = await row()
+    assert held.channel_id == new and held.closed_at is None
+    async with sessions() as session, session.begin():
+        assert not await runtime_channels.gone(session, node_id)
+        await runtime_channels.ended(session, node_id, new)
+    ended = await row()
+    assert ended.closed_at is not None
+    assert (ended.expires_at - ended.closed_at).total_seconds() <= runtime_channels.GRACE_S
