@@ -3,10 +3,10 @@ is told: an unauthenticated caller learns nothing of a route's schema.
 
 Each authenticated route checks its credential in a dependency that takes nothing that
 can fail validation (api/deps.py), and FastAPI calls dependencies before it reports the
-errors of path, query, header and body parameters. Two refusals still come earlier
-than any dependency: a body that does not decode (FastAPI reads and parses the body
-before solving dependencies) and a route whose dependency admits without the database
-(the heartbeat's uncached node is decided by its batch, api/agent/heartbeat.py). So the
+errors of path, query, header and body parameters. That leaves two 422s told before
+the credential is known: a body that does not decode (FastAPI reads and parses the body
+before it solves dependencies), and the heartbeat's, whose dependency admits a node it
+does not cache without the database (its batch decides it, api/agent/heartbeat.py). So the
 exception handlers of 422 (api/handlers.py) call `require_route_credential` first: the
 route's security scheme, as the OpenAPI document names it, is checked with the same
 function its dependency uses, and a refusal (401, or 403 for a disabled node) answers
