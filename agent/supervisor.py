@@ -7,8 +7,11 @@ beside agent/processes.py, for the same reason: every install can import it.
 A child that exits is started again after a delay that doubles with each quick exit
 (0.5 s, 1 s, 2 s, ... up to `max_delay_s`) and drops back once the child has stayed up
 for `stable_after_s`. More than `max_restarts` exits within `window_s` is a crash
-loop: restarting again would only hide the fault, so the supervisor reports it and
-stops everything.
+loop. Of an essential child (added with essential=True, the default) it stops
+everything: restarting again would only hide the fault. A child the rest can do
+without (essential=False) is marked failing instead, reported (`failing()`), and
+retried every `max_delay_s` until it stays up for `stable_after_s`: its fault may be
+outside it (a server it waits for), and stopping the rest would only widen the outage.
 
 The policy is pure bookkeeping over timestamps, so it is tested without processes; the
 loop that applies it polls children and never blocks on one child's backoff.
@@ -51,28 +54,46 @@ class ChildState:
     """What the supervisor remembers about one child."""
 
     policy: RestartPolicy
+    essential: bool = True
     started_at: float = 0.0
     exits: deque[float] = field(default_factory=deque)
     quick_exits: int = 0
     restart_at: float | None = None
+    # Why a non-essential child is failing (it crash-looped); None while it is not.
+    failing: str | None = None
 
     def started(self, now: float) -> None:
         self.started_at = now
         self.restart_at = None
 
-    def exited(self, now: float) -> float:
-        """Record an exit; the delay before the restart. Raises CrashLoop."""
+    def exited(self, now: float, status: str) -> float:
+        """Record an exit (status: how it ended, for the report); the delay before the
+        restart. Raises CrashLoop when an essential child loops."""
         self.exits.append(now)
         while self.exits and self.exits[0] < now - self.policy.window_s:
             self.exits.popleft()
         if len(self.exits) > self.policy.max_restarts:
-            raise CrashLoop(f"exited {len(self.exits)} times within {self.policy.window_s:.0f}s")
+            loop = f"exited {len(self.exits)} times within {self.policy.window_s:.0f}s"
+            if self.essential:
+                raise CrashLoop(f"{loop} ({status})")
+            self.failing = f"{loop} ({status})"
         stable = now - self.started_at >= self.policy.stable_after_s
         self.quick_exits = 0 if stable else self.quick_exits + 1
         backoff = self.policy.first_delay_s * 2.0 ** max(0, self.quick_exits - 1)
-        delay = min(self.policy.max_delay_s, backoff)
+        delay = self.policy.max_delay_s if self.failing else min(self.policy.max_delay_s, backoff)
         self.restart_at = now + delay
         return delay
+
+    def recovered(self, now: float) -> bool:
+        """True once, when a failing child has stayed up for stable_after_s: its loop is
+        over, and its exits so far no longer count."""
+        if self.failing is None or self.restart_at is not None:
+            return False
+        if now - self.started_at < self.policy.stable_after_s:
+            return False
+        self.failing = None
+        self.exits.clear()
+        return True
 
 
 class Restartable(Protocol):
@@ -155,11 +176,16 @@ class Supervisor:
         self._say = say
         self._clock = clock
 
-    def add(self, name: str, child: Restartable) -> None:
-        """Register a child that the caller has already started."""
-        supervised = Supervised(name, child, ChildState(self.policy))
+    def add(self, name: str, child: Restartable, *, essential: bool = True) -> None:
+        """Register a child that the caller has already started. essential=False: its
+        crash loop marks it failing (and it is retried) instead of stopping everything."""
+        supervised = Supervised(name, child, ChildState(self.policy, essential=essential))
         supervised.state.started(self._clock())
         self.children.append(supervised)
+
+    def failing(self) -> dict[str, str]:
+        """The non-essential children that crash-looped and have not recovered: why."""
+        return {c.name: c.state.failing for c in self.children if c.state.failing is not None}
 
     def poll(self) -> None:
         """One round: notice exits, and start the children whose delay has passed."""
@@ -169,12 +195,17 @@ class Supervisor:
             if state.restart_at is None:
                 status = child.child.exit_status()
                 if status is None:
+                    if state.recovered(now):
+                        self._say(f"{child.name} recovered (up {now - state.started_at:.0f}s)")
                     continue
+                was_failing = state.failing is not None
                 try:
-                    delay = state.exited(now)
+                    delay = state.exited(now, f"last exit status {status}")
                 except CrashLoop as exc:
-                    raise CrashLoop(f"{child.name} {exc} (last exit status {status})") from None
+                    raise CrashLoop(f"{child.name} {exc}") from None
                 self._say(f"{child.name} exited with status {status}; restarting in {delay:.1f}s")
+                if not was_failing and state.failing is not None:
+                    self._report_failing(child)
             elif now >= state.restart_at:
                 self._restart(child, now)
 
@@ -187,14 +218,23 @@ class Supervisor:
             child.state.started_at = now
             child.state.restart_at = None
             self._say(f"{child.name} could not be restarted: {exc}")
+            was_failing = child.state.failing is not None
             try:
-                delay = child.state.exited(now)
+                delay = child.state.exited(now, "it could not be started")
             except CrashLoop as loop:
-                raise CrashLoop(f"{child.name} {loop} (it could not be started)") from None
+                raise CrashLoop(f"{child.name} {loop}") from None
             self._say(f"retrying {child.name} in {delay:.1f}s")
+            if not was_failing and child.state.failing is not None:
+                self._report_failing(child)
             return
         child.state.started(self._clock())
         self._say(f"{child.name} restarted")
+
+    def _report_failing(self, child: Supervised) -> None:
+        self._say(
+            f"{child.name} is failing: {child.state.failing}; the rest keeps running, and "
+            f"it is retried every {self.policy.max_delay_s:.0f}s"
+        )
 
 
 def stop_event() -> threading.Event:

@@ -5,8 +5,10 @@ API process on the port, summed).
 `/healthz` says only that the process serves HTTP. `/readyz` says whether a change
 accepted now reaches its consumers: the database answers, NATS answers, and the outbox
 relay keeps up (a backlog or an oldest unsent event beyond the thresholds means events
-are stalling, e.g. no worker runs). Each check is bounded in time, so a hung dependency
-makes the answer "not ready", never a hung probe.
+are stalling, e.g. no worker runs), and, under `modelforge up`, no child of its
+supervisor is failing (a worker or nats-server in a crash loop, retried while the API
+keeps serving). Each check is bounded in time, so a hung dependency makes the answer
+"not ready", never a hung probe.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import State
 from api.state import ApiState
-from schemas.health import CheckState, OutboxState, Readiness
+from schemas.health import CheckState, FailingChild, OutboxState, Readiness
 from schemas.protocol import HEALTHZ, METRICS, READYZ
+from schemas.stack import read_supervisor_state
 from store.fleet import partition_hold_active
 from store.models import OutboxEvent
 
@@ -78,6 +81,15 @@ async def _database(state: ApiState) -> tuple[OutboxState, bool]:
     return outbox, hold
 
 
+async def _failing(state: ApiState) -> list[FailingChild]:
+    """What `up`'s supervisor reports failing (a small local file, read off the loop)."""
+    path = state.settings.supervisor_state_file
+    if path is None:
+        return []
+    supervisor = await asyncio.to_thread(read_supervisor_state, path)
+    return supervisor.failing if supervisor is not None else []
+
+
 @router.get(READYZ, response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(state: State) -> JSONResponse:
     database, outbox, hold = CheckState.OK, None, False
@@ -87,11 +99,20 @@ async def readyz(state: State) -> JSONResponse:
         logger.warning("readiness: database %s", type(exc).__name__)
         database = CheckState.UNREACHABLE
     nats = CheckState.OK if await state.broker.ping(CHECK_TIMEOUT_S) else CheckState.UNREACHABLE
+    failing = await _failing(state)
     ready = (
         database is CheckState.OK
         and nats is CheckState.OK
         and outbox is not None
         and outbox.state is CheckState.OK
+        and not failing
     )
-    body = Readiness(ready=ready, database=database, nats=nats, outbox=outbox, partition_hold=hold)
+    body = Readiness(
+        ready=ready,
+        database=database,
+        nats=nats,
+        outbox=outbox,
+        partition_hold=hold,
+        failing=failing,
+    )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
@@ -64,6 +65,9 @@ class ApiSettings(LeaseSettings):
     # runs, or NATS refuses them).
     ready_outbox_backlog_max: int = Field(default=10_000, gt=0)
     ready_outbox_lag_max_s: float = Field(default=30.0, gt=0)
+    # Set by `modelforge up` (MODELFORGE_SUPERVISOR_STATE_FILE): its supervisor's state
+    # file, whose failing children /readyz names (schemas/stack.py). Unset: none.
+    supervisor_state_file: Path | None = None
     # The worker broker's namespace (BrokerSettings.namespace): where the admin API
     # finds the dead-letter stream.
     broker_namespace: str = "modelforge"

@@ -23,6 +23,15 @@ class OutboxState(WireModel):
     oldest_unsent_s: float | None
 
 
+class FailingChild(WireModel):
+    """A process of the stack that keeps dying and is being retried (`modelforge up`)."""
+
+    # As `up` names it: "modelforge worker", "nats-server".
+    name: str
+    # e.g. "exited 6 times within 60s (last exit status 1)".
+    reason: str
+
+
 class Readiness(WireModel):
     """200 when everything answers; 503 otherwise. The partition hold never makes an
     API unready (refusing agents then would turn a suspected partition into a real one);
@@ -33,3 +42,7 @@ class Readiness(WireModel):
     nats: CheckState
     outbox: OutboxState | None
     partition_hold: bool
+    # Under `modelforge up`: the children its supervisor reports failing (a crash loop
+    # of one the API can do without, such as the worker). Any makes the API unready:
+    # changes are accepted, but do not reach their consumers.
+    failing: list[FailingChild] = []

@@ -5,6 +5,9 @@
 the servers `up` started rather than whatever listens on a default port (often someone
 else's NATS on 4222). The file holds no secret: the operator key stays in its own
 0600 file, named here.
+
+Beside it, `supervisor.json` says which of up's children its supervisor reports failing
+(a crash loop of one the API can do without), for the API's `/readyz`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from schemas.base import WireModel
+from schemas.health import FailingChild
 
 DEFAULT_DATA_DIR: Final = Path(".modelforge")
 DATA_DIR_ENV: Final = "MODELFORGE_DATA_DIR"
@@ -32,6 +36,32 @@ class StackInfo(WireModel):
     worker_metrics_url: str | None = None
     data_dir: str
     pid: int
+
+
+# `up`'s supervisor state, in its data dir, rewritten whenever a child starts or stops
+# failing; the API reads it for `/readyz` from the path up passes in this variable.
+SUPERVISOR_STATE_FILE: Final = "supervisor.json"
+SUPERVISOR_STATE_ENV: Final = "MODELFORGE_SUPERVISOR_STATE_FILE"
+
+
+class SupervisorState(WireModel):
+    # The children that crash-looped, are retried, and have not stayed up since.
+    failing: list[FailingChild]
+
+
+def write_supervisor_state(path: Path, state: SupervisorState) -> None:
+    """Atomically, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(state.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_supervisor_state(path: Path) -> SupervisorState | None:
+    """None when there is no usable file (no `up`, or not yet written)."""
+    try:
+        return SupervisorState.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
 
 
 class StackFileError(Exception):

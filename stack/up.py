@@ -2,8 +2,12 @@
 
 Embedded PostgreSQL and NATS (unless URLs are given), migrations, then `modelforge api` and
 `modelforge worker` as child processes. Every child, the embedded servers included, is
-restarted with backoff when it dies (agent/supervisor.py); only a crash loop stops the
-stack. Clients find the stack through `<data dir>/stack.json` (schemas/stack.py).
+restarted with backoff when it dies (agent/supervisor.py). A crash loop of the API or of
+PostgreSQL stops the stack: without them nothing is served or kept. One of the worker or
+of nats-server does not: the API keeps accepting changes into the outbox, which the
+relay publishes once both run again; that child is marked failing, named in `/readyz`
+(through `<data dir>/supervisor.json`) and in this process's log, and retried at the
+capped backoff. Clients find the stack through `<data dir>/stack.json` (schemas/stack.py).
 
 Every child dies with `up`, even a SIGKILLed one (a parent-death signal), and what
 outlives it anyway is stopped by the next `up` on the same data dir (stack/leftovers.py).
@@ -29,7 +33,16 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
-from schemas.stack import OPERATOR_KEY_FILE, StackInfo, write_stack_info
+from schemas.health import FailingChild
+from schemas.stack import (
+    OPERATOR_KEY_FILE,
+    SUPERVISOR_STATE_ENV,
+    SUPERVISOR_STATE_FILE,
+    StackInfo,
+    SupervisorState,
+    write_stack_info,
+    write_supervisor_state,
+)
 from stack.leftovers import RECORD_FILE, ChildRecord, stop_leftovers
 from stack.ports import free_port, port_is_free
 from stack.processes import DirLock
@@ -170,6 +183,8 @@ class _Stack:
         self.supervisor = Supervisor(RestartPolicy(), say=_warn)
         self.children: list[ChildProcess] = []
         self.record = ChildRecord(self.data_dir / RECORD_FILE)
+        self.state_file = self.data_dir / SUPERVISOR_STATE_FILE
+        self._failing: dict[str, str] = {}
 
     def run(self) -> int:
         host, port = self.settings.host, self.settings.port
@@ -202,6 +217,9 @@ class _Stack:
             key = operator_key(self.settings, self.data_dir)
             # Worker metrics are on, on a free port unless one is asked for; 0 turns them off.
             metrics_port = int(os.environ.get("MODELFORGE_METRICS_PORT") or free_port())
+            # Before the API starts: it reads the file for /readyz.
+            write_supervisor_state(self.state_file, SupervisorState(failing=[]))
+            cleanup.callback(lambda: self.state_file.unlink(missing_ok=True))
             env = {
                 **os.environ,
                 "MODELFORGE_DATABASE_URL": database_url,
@@ -211,6 +229,7 @@ class _Stack:
                 "MODELFORGE_PORT": str(port),
                 "PYTHONUNBUFFERED": "1",
                 "MODELFORGE_METRICS_PORT": str(metrics_port),
+                SUPERVISOR_STATE_ENV: str(self.state_file),
             }
             # Registered before the children start so they stop before NATS and PostgreSQL.
             cleanup.callback(self._stop_children)
@@ -229,7 +248,9 @@ class _Stack:
                 )
                 child.start()
                 self.children.append(child)
-                self.supervisor.add(f"modelforge {name}", child)
+                # The worker can loop on an outage outside it (NATS); the API cannot be
+                # done without.
+                self.supervisor.add(f"modelforge {name}", child, essential=name == "api")
                 self.record.track(f"modelforge {name}", child, signal.SIGTERM)
             base = f"http://{_client_host(host)}:{port}"
             self._wait_healthy(f"{base}/healthz")
@@ -252,6 +273,7 @@ class _Stack:
                 f"  API:          {base}\n"
                 f"  API docs:     {base}/docs\n"
                 f"  Metrics:      {base}/metrics (API), {worker_metrics} (worker)\n"
+                f"  Readiness:    {base}/readyz (names a child that keeps failing)\n"
                 f"  Operator key: {_describe_key(key)}\n"
                 f"  Database:     {_redact(database_url)}\n"
                 f"  NATS:         {_redact(nats_url)}\n"
@@ -293,6 +315,8 @@ class _Stack:
         # SIGINT: a fast shutdown, which also ends its backends (stack/embedded_postgres.py).
         self.record.track("PostgreSQL", pg, signal.SIGINT)
         pg.ensure_database(DATABASE_NAME)
+        # Essential: the API commits nothing without it, and restarting a database that
+        # keeps crashing (a full disk, a damaged data dir) only hides the damage.
         self.supervisor.add("PostgreSQL", pg)
         return pg.url(DATABASE_NAME)
 
@@ -308,20 +332,23 @@ class _Stack:
         _say(f"starting NATS JetStream (store in {nats.store_dir}, log {nats.log_path})")
         nats.start()
         self.record.track("nats-server", nats, signal.SIGTERM)
-        self.supervisor.add("nats-server", nats)
+        # Its loop leaves the API serving: changes wait in the outbox.
+        self.supervisor.add("nats-server", nats, essential=False)
         return nats.url
 
     def _wait_healthy(self, url: str) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        api = self.children[0]
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 self.signals.check()
-                for name, child in zip(("api", "worker"), self.children, strict=True):
-                    status = child.exit_status()
-                    if status is not None:
-                        raise StartupError(
-                            f"`modelforge {name}` exited with status {status} during startup"
-                        )
+                # Only the API: a worker that dies this early is the supervisor's to
+                # restart, as later on (it waits for NATS rather than dying of it).
+                status = api.exit_status()
+                if status is not None:
+                    raise StartupError(
+                        f"`modelforge api` exited with status {status} during startup"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(url).status_code == 200:
                         return
@@ -337,8 +364,21 @@ class _Stack:
             except CrashLoop as exc:
                 _warn(f"{exc}; stopping everything")
                 return 1
+            self._publish_failing()
         _say("stopping")
         return 0
+
+    def _publish_failing(self) -> None:
+        """Tell the API (its /readyz) and the operator when the failing set changed."""
+        failing = self.supervisor.failing()
+        if failing == self._failing:
+            return
+        newly = sorted(set(failing) - set(self._failing))
+        self._failing = failing
+        children = [FailingChild(name=name, reason=why) for name, why in failing.items()]
+        write_supervisor_state(self.state_file, SupervisorState(failing=children))
+        if newly:
+            _warn(f"the API keeps serving; /readyz names {', '.join(newly)} until it recovers")
 
     def _stop_children(self) -> None:
         # Reverse start order: the worker (and its relay) stops before the API goes away.

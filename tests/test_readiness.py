@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from schemas.health import FailingChild
+from schemas.stack import SupervisorState, write_supervisor_state
 from stack.embedded_nats import EmbeddedNats
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import TOKENS
@@ -42,6 +45,7 @@ def test_readyz_follows_nats_down_and_back(
         "nats": "ok",
         "outbox": {"state": "ok", "backlog": 0, "oldest_unsent_s": None},
         "partition_hold": False,
+        "failing": [],
     }
     nats_server.stop()
     body = eventually(api, 503)
@@ -89,3 +93,26 @@ def test_readyz_reports_an_unreachable_database(
     assert response.status_code == 503, response.text
     assert response.json()["code"] == "database_unavailable"
     assert response.headers["Retry-After"] == "1"
+
+
+def test_readyz_names_the_children_up_reports_failing(
+    api_factory: ApiFactory, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Under `modelforge up` a crash-looping worker is retried while the API serves; the
+    API learns it from up's supervisor state file and is not ready meanwhile."""
+    state_file = tmp_path / "supervisor.json"
+    api = api_factory(nats_url=nats_server.url, supervisor_state_file=state_file)
+    # No file yet (up writes it as it starts): nothing is failing.
+    assert eventually(api, 200)["failing"] == []
+    worker = FailingChild(
+        name="modelforge worker", reason="exited 6 times within 60s (last exit status 1)"
+    )
+    write_supervisor_state(state_file, SupervisorState(failing=[worker]))
+    body = eventually(api, 503)
+    assert body["failing"] == [worker.model_dump()]
+    assert body["database"] == "ok" and body["nats"] == "ok", body
+    # Serving all the same: a change is accepted into the outbox.
+    with api.client() as client:
+        assert client.post(TOKENS, json={}, headers=api.admin_headers).status_code == 201
+    write_supervisor_state(state_file, SupervisorState(failing=[]))
+    assert eventually(api, 200)["failing"] == []

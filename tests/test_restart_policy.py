@@ -125,3 +125,59 @@ def test_only_the_dead_child_is_restarted() -> None:
     clock.now += 1
     supervisor.poll()
     assert (api.starts, worker.starts) == (0, 1)
+
+
+def test_a_crash_loop_of_a_non_essential_child_marks_it_failing_and_retries_it() -> None:
+    clock, child = Clock(), Child()
+    messages: list[str] = []
+    policy = RestartPolicy(first_delay_s=0.5, max_delay_s=10, max_restarts=3, window_s=60)
+    supervisor = Supervisor(policy, say=messages.append, clock=clock)
+    supervisor.add("api", Child())
+    supervisor.add("worker", child, essential=False)
+    restart_delays_of(supervisor, clock, child, 3, index=1)
+    assert supervisor.failing() == {}
+    # The fourth quick exit is a crash loop: no CrashLoop, the child is failing instead.
+    delays = restart_delays_of(supervisor, clock, child, 3, index=1)
+    # The reason follows the loop: exits in the window and the last status.
+    assert supervisor.failing() == {"worker": "exited 6 times within 60s (last exit status -9)"}
+    # ...and it is still retried, at the capped delay, for as long as it loops.
+    assert delays == [10, 10, 10]
+    assert any("worker is failing" in m and "keeps running" in m for m in messages), messages
+    # Up for stable_after_s: it recovers, and its backoff starts over.
+    clock.now += policy.stable_after_s
+    supervisor.poll()
+    assert supervisor.failing() == {}
+    assert any("worker recovered" in m for m in messages), messages
+    assert restart_delays_of(supervisor, clock, child, 1, index=1) == [0.5]
+
+
+def test_a_non_essential_child_that_cannot_start_is_failing_too() -> None:
+    clock, child = Clock(), Child(fail_starts=100)
+    policy = RestartPolicy(first_delay_s=1, max_delay_s=5, max_restarts=3, window_s=60)
+    supervisor = Supervisor(policy, say=lambda _: None, clock=clock)
+    supervisor.add("nats-server", child, essential=False)
+    child.alive = False
+    for _ in range(10):
+        supervisor.poll()
+        state = supervisor.children[0].state
+        assert state.restart_at is not None
+        clock.now = state.restart_at
+    assert "nats-server" in supervisor.failing()
+    assert child.starts == 9
+
+
+def restart_delays_of(
+    supervisor: Supervisor, clock: Clock, child: Child, deaths: int, *, index: int
+) -> list[float]:
+    """restart_delays for the supervisor's child at `index`."""
+    delays = []
+    for _ in range(deaths):
+        child.alive = False
+        supervisor.poll()
+        state = supervisor.children[index].state
+        assert state.restart_at is not None
+        delays.append(round(state.restart_at - clock.now, 3))
+        clock.now = state.restart_at
+        supervisor.poll()
+        assert child.alive
+    return delays
