@@ -233,6 +233,10 @@ def test_a_stream_is_relayed_and_a_node_lost_mid_stream_ends_it_with_an_error_ev
     assert lines[0] == chunks[0].decode().strip()
     error = json.loads(lines[-1].removeprefix("data:"))
     assert error["error"]["code"] == "node_lost"
+    # The envelope every /v1 refusal has, the request's correlation id in it.
+    assert set(error) == {"error"}
+    assert {"message", "type", "param", "code", "correlation_id"} <= set(error["error"])
+    assert error["error"]["type"] == "server_error" and error["error"]["correlation_id"]
 
 
 def test_a_client_that_leaves_cancels_its_invoke(

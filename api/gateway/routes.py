@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -45,8 +44,9 @@ from api.gateway.auth import ClientScope, ServiceClientAuth
 from api.gateway.limits import LimitExceeded
 from api.gateway.relay import Ended, Frame, Opened, Pending
 from api.gateway.routing import Choice, order
+from api.handlers import gateway_error
 from api.state import ApiState
-from schemas.errors import ErrorCode
+from schemas.errors import ErrorBody, ErrorCode
 from schemas.gateway import (
     RETRYABLE_REFUSALS,
     ChatCompletionRequest,
@@ -68,6 +68,7 @@ from schemas.protocol import (
     ROUTE_REASON_HEADER,
 )
 from store import deployment_routes, deployments
+from store.correlation import current_correlation_id
 from store.errors import Invalid
 
 logger = logging.getLogger("modelforge.api.gateway")
@@ -503,8 +504,9 @@ class _Ending:
 
 
 def _stream_error(code: ErrorCode, message: str) -> bytes:
-    event = {"error": {"message": message, "type": "server_error", "code": code.value}}
-    return f"data: {json.dumps(event)}\n\n".encode()
+    """A stream's terminal error event: the envelope of every /v1 refusal."""
+    body = ErrorBody(code=code, message=message, correlation_id=current_correlation_id() or "")
+    return f"data: {gateway_error(502, body).model_dump_json()}\n\n".encode()
 
 
 async def _disconnected(request: Request) -> None:
