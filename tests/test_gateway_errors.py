@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
+from api.middleware.correlation import CorrelationIdMiddleware
 from schemas.protocol import (
     CORRELATION_HEADER,
     DEPLOYMENTS,
@@ -120,3 +122,24 @@ def test_the_gateways_own_refusals_are_in_the_envelope(gateway_api: RunningApi) 
     envelope(limited_out, 429, "rate_limited")
     assert int(limited_out.headers["Retry-After"]) >= 1
     envelope(outside, 403, "model_not_allowed")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/v1/admin/deployments"])
+async def test_an_unhandled_error_is_a_500_in_the_shape_of_its_api(path: str) -> None:
+    """The outermost middleware answers what nothing else did (a bug): on /v1 in the
+    envelope too, never with a trace."""
+
+    async def broken(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("a bug")
+
+    app = CorrelationIdMiddleware(broken)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        response = await client.get(path)
+    if path.startswith("/v1"):
+        assert envelope(response, 500, "internal_error")["type"] == "server_error"
+    else:
+        assert response.status_code == 500
+        assert response.json()["code"] == "internal_error"
+        assert response.json()["correlation_id"] == response.headers[CORRELATION_HEADER]
