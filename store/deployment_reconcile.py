@@ -51,7 +51,9 @@ async def due(session: AsyncSession, *, limit: int, after: uuid.UUID | None) -> 
     return list(rows.scalars().all())
 
 
-async def _node_view(session: AsyncSession, node: Node) -> NodeView:
+async def _node_view(
+    session: AsyncSession, node: Node, policy: deployments.ReconcilePolicy
+) -> NodeView:
     stream = (
         await session.execute(
             select(NodeStream).where(
@@ -66,7 +68,12 @@ async def _node_view(session: AsyncSession, node: Node) -> NodeView:
     return NodeView(
         online=node.liveness == "online" and node.enabled and not nodes.is_terminal(node),
         schedulable=node.enabled and not nodes.is_terminal(node),
-        runtime_gone=await runtime_channels.gone(session, node.id),
+        runtime_gone=await runtime_channels.gone(
+            session,
+            node.id,
+            presence_gap_s=policy.presence_gap_s,
+            restart_grace_s=policy.restart_grace_s,
+        ),
         report_received_at=stream.good_received_at if stream is not None else None,
         loaded=frozenset(loaded),
     )
@@ -116,7 +123,7 @@ async def reconcile_one(
     ).scalar_one_or_none()
     if deployment is None or node is None or deployment.state in deployments.ENDED:
         return None
-    view = await _node_view(session, node)
+    view = await _node_view(session, node, policy)
     now = await nodes.now(session)
     state = DeploymentState(deployment.state)
     current = await deployments.current_job(session, deployment)

@@ -57,6 +57,12 @@ RUNTIME_GONE = "runtime_gone"
 class ReconcilePolicy:
     # How often a ready deployment's health is checked (deployment.health.v1).
     health_period_s: float = 30.0
+    # A runtime channel's lapse counts only while an API could hold it (as for liveness,
+    # store/liveness.py: the workers pass their own LivenessThresholds' values): an API
+    # present within this gap, and a lapse before the last API outage's end counted
+    # from that end plus this grace (runtime workers finding an API again).
+    presence_gap_s: float = 5.0
+    restart_grace_s: float = 30.0
 
 
 # ------------------------------------------------------------------ create and views

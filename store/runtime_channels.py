@@ -20,16 +20,18 @@ from __future__ import annotations
 import uuid
 from typing import Final
 
-from sqlalchemy import ColumnElement, case, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, false, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.deployment_tables import RuntimeChannel
-from store.liveness import seconds
+from store.liveness import API, seconds
+from store.models import ControlPlanePresence
 
-# A runtime worker whose channel ended is taken for gone this long after (its channel
-# reconnects after 0.5 s, then 1 s, 2 s: agent/jobs/wakeups.py: hold_events).
-GRACE_S: Final = 5.0
+# A runtime worker whose channel ended is taken for gone this long after: its channel
+# tries again 0.5 s, 1.5 s, 3.5 s and 7.5 s after a break (agent/jobs/wakeups.py:
+# hold_events), so an API process that restarts within a few seconds is no loss.
+GRACE_S: Final = 10.0
 
 
 def _expires(hold_s: float) -> ColumnElement[object]:
@@ -90,10 +92,30 @@ async def ended(session: AsyncSession, node_id: uuid.UUID, channel_id: uuid.UUID
     )
 
 
-async def gone(session: AsyncSession, node_id: uuid.UUID) -> bool:
-    """Whether the node held a runtime channel that is gone now (no row: never held)."""
+async def gone(
+    session: AsyncSession, node_id: uuid.UUID, *, presence_gap_s: float, restart_grace_s: float
+) -> bool:
+    """Whether the node held a runtime channel that is gone now (no row: never held).
+
+    Silence counts only while the control plane could hear it, as for liveness
+    (store/liveness.py: effective_heartbeat): not while no API is present, and a channel
+    that lapsed before the last API outage ended (every API was down: none could hold
+    it) is given the restart grace from that end to come back."""
+    p = ControlPlanePresence
+    now = func.statement_timestamp()
+    outage = select().where(p.component == API, p.resumed_at > p.down_since)
+    resumed = outage.add_columns(p.resumed_at).scalar_subquery()
+    lapses = case(
+        (RuntimeChannel.expires_at < resumed, resumed + seconds(restart_grace_s)),
+        else_=RuntimeChannel.expires_at,
+    )
+    absent = (
+        select(p.last_seen_at < now - seconds(presence_gap_s))
+        .where(p.component == API)
+        .scalar_subquery()
+    )
     row = await session.execute(
-        select(RuntimeChannel.expires_at < func.statement_timestamp()).where(
+        select(and_(lapses < now, func.coalesce(absent, false()).is_(False))).where(
             RuntimeChannel.node_id == node_id
         )
     )

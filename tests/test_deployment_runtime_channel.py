@@ -14,10 +14,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import RUNTIME_CHANNEL
-from store import runtime_channels
+from store import fleet, runtime_channels
 from store.deployment_tables import RuntimeChannel
 from store.liveness import LivenessThresholds
 from tests.api_server import ApiFactory, RunningApi
@@ -31,6 +32,7 @@ from tests.deployment_flows import (
     until_state,
 )
 from tests.held_channel import channel
+from tests.services import db_fetch
 from tests.test_deployments import transitions
 from workers.deployments import reconcile
 
@@ -38,6 +40,8 @@ from workers.deployments import reconcile
 BOUND_S = runtime_channels.GRACE_S + 5
 
 
+# The presence rules the workers pass by default (store/deployments.py: ReconcilePolicy).
+PRESENCE = {"presence_gap_s": 5.0, "restart_grace_s": 30.0}
 # The node stays online all along (it beats): only its runtime worker goes.
 ONLINE = LivenessThresholds(stale_after_s=30, offline_after_s=90)
 
@@ -159,8 +163,52 @@ async def test_the_newest_channel_holds_the_row_when_an_older_one_ends(
     held = await row()
     assert held.channel_id == new and held.closed_at is None
     async with sessions() as session, session.begin():
-        assert not await runtime_channels.gone(session, node_id)
+        assert not await runtime_channels.gone(session, node_id, **PRESENCE)
         await runtime_channels.ended(session, node_id, new)
     ended = await row()
     assert ended.closed_at is not None
     assert (ended.expires_at - ended.closed_at).total_seconds() <= runtime_channels.GRACE_S
+
+
+_PRESENCE = text(
+    "UPDATE control_plane_presence SET"
+    " down_since = statement_timestamp() - make_interval(secs => :down_since),"
+    " resumed_at = statement_timestamp() - make_interval(secs => :resumed_at),"
+    " last_seen_at = statement_timestamp() - make_interval(secs => :last_seen_at)"
+)
+
+
+async def test_a_lapse_counts_only_while_an_api_could_hold_the_channel(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """As for liveness: while no API is present nobody can hold a channel, and one that
+    lapsed before the last outage of every API ended gets the restart grace from that
+    end, the time runtime workers take to find an API again."""
+    node_id = uuid.uuid4()
+    await db_fetch(
+        database_url,
+        "INSERT INTO nodes (id, hostname, protocol_version, agent_version)"
+        " VALUES ($1, 'channel-host', 1, '0.1')",
+        node_id,
+    )
+
+    async def gone(down_since: float, resumed_at: float, last_seen_at: float) -> bool:
+        """With the API's presence that many seconds ago."""
+        ago = {"down_since": down_since, "resumed_at": resumed_at, "last_seen_at": last_seen_at}
+        async with sessions() as session, session.begin():
+            await session.execute(_PRESENCE, ago)
+            return await runtime_channels.gone(session, node_id, **PRESENCE)
+
+    async with sessions() as session, session.begin():
+        await fleet.beat(session, gap_s=PRESENCE["presence_gap_s"])
+        # Held once, lapsed now (its last keep-alive long past).
+        await runtime_channels.held(
+            session, node_id, uuid.uuid4(), -runtime_channels.GRACE_S, opened=True
+        )
+    # An API present all along (the last outage long before): gone.
+    assert await gone(down_since=3600, resumed_at=3000, last_seen_at=0)
+    # Every API was down and has just come back: not before the grace from their return.
+    assert not await gone(down_since=60, resumed_at=0, last_seen_at=0)
+    assert await gone(down_since=90, resumed_at=31, last_seen_at=0)
+    # No API present now: nothing is concluded.
+    assert not await gone(down_since=3600, resumed_at=3000, last_seen_at=10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dramatiq
@@ -93,10 +93,18 @@ def declare_actors(
         """Take back every expired job lease."""
         await expire(database.get().sessions, leases)
 
+    # A runtime channel's lapse counts only while an API could hold it, on the same
+    # presence rules as liveness (store/runtime_channels.py: gone).
+    reconcile_policy = replace(
+        deployments,
+        presence_gap_s=thresholds.presence_gap_s,
+        restart_grace_s=thresholds.restart_grace_s,
+    )
+
     async def deployment_reconcile() -> None:
         """Move every deployment one step towards what is desired (from the runtime
-        workers' reports, the jobs, node liveness)."""
-        await reconcile(database.get().sessions, deployments)
+        workers' reports and channels, the jobs, node liveness)."""
+        await reconcile(database.get().sessions, reconcile_policy)
 
     async def outbox_prune() -> None:
         """Delete the published events past the retention period."""
