@@ -19,7 +19,7 @@ import pytest
 from schemas.protocol import GATEWAY_CHAT_COMPLETIONS, SERVICE_CLIENTS
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
-from tests.deployment_flows import ready_deployment, runtime_channel
+from tests.deployment_flows import ready_deployment, runtime_channel, service_client
 
 FIRST_TOKEN_TIMEOUT_S = 60
 # Much less than the bound above: the cancel comes from the client leaving, not from it.
@@ -83,3 +83,26 @@ def test_a_client_that_leaves_before_the_first_token_cancels_its_invoke_at_once(
                 )
 
             wait_until(freed, CANCEL_WITHIN_S, "the client's slot and the deployment's count")
+
+
+def test_across_api_processes_the_cancel_travels_over_nats(api_factory: ApiFactory) -> None:
+    """The client on one API process, the node's runtime channel on another: the
+    client's leaving reaches the node as a cancel on the node's NATS subject."""
+    gateway, holder = (
+        api_factory(gateway_first_token_timeout_s=FIRST_TOKEN_TIMEOUT_S) for _ in range(2)
+    )
+    with gateway.client() as client:
+        deployed = ready_deployment(client, gateway)
+        secret = service_client(client, gateway)
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}]}
+    with runtime_channel(holder, deployed.node) as channel:
+
+        def connected() -> bool:
+            return bool(holder.state.invokes.connected and gateway.state.invokes.connected)
+
+        wait_until(connected, 20, "both relays on NATS")
+        connection = open_call(gateway, secret, body)
+        invoke = channel.next_invoke()
+        assert invoke["gateway"] == gateway.state.invokes.id
+        connection.close()
+        assert channel.wait_for("cancel", CANCEL_WITHIN_S)["invoke_id"] == invoke["invoke_id"]
