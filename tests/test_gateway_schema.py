@@ -5,13 +5,21 @@ the models' JSON Schema, so a field added later is swept too."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from schemas.gateway import ChatCompletionRequest, InvokeParams, StreamOptions
+from schemas.gateway import (
+    ChatCompletionRequest,
+    Invoke,
+    InvokeCancel,
+    InvokeParams,
+    InvokeRefusal,
+    StreamOptions,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -20,6 +28,15 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     ChatCompletionRequest: {"model": "smol", "messages": MESSAGES},
     InvokeParams: {"messages": MESSAGES, "max_tokens": 4},
     StreamOptions: {},
+    Invoke: {
+        "invoke_id": str(uuid.uuid4()),
+        "deployment_id": str(uuid.uuid4()),
+        "gateway": uuid.uuid4().hex,
+        "lease": {"lease_id": str(uuid.uuid4()), "epoch": 1},
+        "params": {"messages": MESSAGES, "max_tokens": 4},
+    },
+    InvokeCancel: {"invoke_id": str(uuid.uuid4())},
+    InvokeRefusal: {"code": "deployment_busy", "message": "busy"},
 }
 
 
