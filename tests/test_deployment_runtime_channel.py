@@ -9,10 +9,14 @@ it, the test holding the channel as the runtime worker does (tests/held_channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -21,6 +25,7 @@ from schemas.protocol import RUNTIME_CHANNEL
 from store import fleet, runtime_channels
 from store.deployment_tables import RuntimeChannel
 from store.liveness import LivenessThresholds
+from tests.api_processes import api_processes
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (
     RECONCILE_POLICY,
@@ -212,3 +217,31 @@ async def test_a_lapse_counts_only_while_an_api_could_hold_the_channel(
     assert await gone(down_since=90, resumed_at=31, last_seen_at=0)
     # No API present now: nothing is concluded.
     assert not await gone(down_since=3600, resumed_at=3000, last_seen_at=10)
+
+
+async def test_an_api_process_killed_while_holding_the_channel_is_covered_by_its_lapse(
+    lifecycle_api: RunningApi,
+    sessions: async_sessionmaker[AsyncSession],
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """The runtime channel is held on a second API process, which is SIGKILLed: it
+    writes no end, and the runtime worker (the test) does not reconnect. Its record
+    lapses one keep-alive plus the grace after its last write, and the reconciler
+    turns the deployment unavailable then."""
+    api = lifecycle_api
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+    check = swept(sessions, api, deployed)
+    processes = api_processes(
+        1, database_url, api.settings.nats_url, tmp_path, notification_keepalive_s="1"
+    )
+    with processes as [(url, process)], contextlib.suppress(httpx.RemoteProtocolError):
+        # The broken connection ends the held request with an error: expected here.
+        async with channel(url, deployed.node.credential, RUNTIME_CHANNEL):
+            assert await check() == "ready"
+            process.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            await asyncio.to_thread(process.wait, 10)
+    await until_state(check, "unavailable", timeout_s=1 + BOUND_S)
+    assert time.monotonic() - killed < 1 + BOUND_S
