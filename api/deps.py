@@ -38,7 +38,8 @@ from api.state import ApiState, get_state
 from api.ui.session import admitted_by_session
 from schemas.errors import ErrorCode
 from schemas.protocol import ADMIN_HEADER, HEARTBEAT, NODE_CREDENTIAL_PREFIX
-from store import nodes, secrets, service_clients
+from store import nodes, secrets
+from store.deployments import service_clients
 from store.node_credentials import AuthenticatedNode
 
 State = Annotated[ApiState, Depends(get_state)]

@@ -37,8 +37,9 @@ from schemas.deployments import DeploymentState
 from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR, EventType, NodeDecommissioned
 from schemas.jobs import JobKind, JobState
-from store import changes, deployments, leases, nodes
-from store.deployment_tables import Deployment
+from store import changes, leases, nodes
+from store.deployments import rules as deployments
+from store.deployments.tables import Deployment
 from store.errors import Conflict, Missing
 from store.liveness import LivenessThresholds
 from store.models import EnrollmentToken, Gpu, Job, NodeCredential

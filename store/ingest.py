@@ -29,7 +29,8 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType, StreamNotApplied, node_actor
 from schemas.protocol import StreamName
 from schemas.runtime_local import RuntimeReport
-from store import changes, deployments, inventory, runtime
+from store import changes, inventory, runtime
+from store.deployments import rules as deployments
 from store.errors import Conflict
 from store.models import NodeStream
 from store.node_credentials import AuthenticatedNode

@@ -14,8 +14,8 @@ order, and never the other way round:
 
 The agent routes (claim, report, settle: the job, then its deployment), a decommission
 (store/decommission.py: the node, its open jobs, its live deployments), a drain or an
-unload (store/deployments.py: drain) and the reconciler
-(store/deployment_reconcile.py: reconcile_one) all follow it. A drain used to lock its
+unload (store/deployments/rules.py: drain) and the reconciler
+(store/deployments/reconcile.py: reconcile_one) all follow it. A drain used to lock its
 deployment before anything else, and then deadlocked with a decommission of the node
 (tests/test_decommission_drain_race.py).
 A transaction that does not take the node's lock may still lock rows of level 2 or 3

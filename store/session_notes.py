@@ -13,7 +13,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncSession
 
 # What a note is about: a node's standing (store/nodes.py), a service client's secret
-# or revocation (store/service_clients.py).
+# or revocation (store/deployments/service_clients.py).
 NODE_STANDING: Final = "modelforge.changed_standing"
 SERVICE_CLIENT: Final = "modelforge.changed_service_client"
 

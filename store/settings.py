@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store.deployments import ReconcilePolicy
+from store.deployments.rules import ReconcilePolicy
 from store.leases import LeasePolicy
 
 

@@ -33,7 +33,7 @@ from schemas.protocol import (
     RUNTIME_CHANNEL,
     SERVICE_CLIENTS,
 )
-from store.deployments import ReconcilePolicy
+from store.deployments.rules import ReconcilePolicy
 from store.liveness import LivenessThresholds
 from tests.agent.harness import wait_until
 from tests.api_server import RunningApi

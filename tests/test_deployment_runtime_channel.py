@@ -2,7 +2,7 @@
 runtime worker killed, crashed) it turns `unavailable` within the grace, its node still
 online, with one event per transition however many reconcilers sweep at once, and back
 to `ready` when the worker returns and reports it loaded. The truth is in PostgreSQL
-(store/runtime_channels.py), so an API process that died holding the channel, and wrote
+(store/deployments/runtime_channels.py), so an API process that died holding the channel, and wrote
 no end, is covered too. The real API and PostgreSQL, the reconciler as the workers run
 it, the test holding the channel as the runtime worker does (tests/held_channel.py)."""
 
@@ -22,8 +22,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import RUNTIME_CHANNEL
-from store import fleet, runtime_channels
-from store.deployment_tables import RuntimeChannel
+from store import fleet
+from store.deployments import runtime_channels
+from store.deployments.tables import RuntimeChannel
 from store.liveness import LivenessThresholds
 from tests.api_processes import api_processes
 from tests.api_server import ApiFactory, RunningApi
@@ -45,7 +46,7 @@ from workers.deployments import reconcile
 BOUND_S = runtime_channels.GRACE_S + 5
 
 
-# The presence rules the workers pass by default (store/deployments.py: ReconcilePolicy).
+# The presence rules the workers pass by default (store/deployments/rules.py: ReconcilePolicy).
 PRESENCE = {"presence_gap_s": 5.0, "restart_grace_s": 30.0}
 # The node stays online all along (it beats): only its runtime worker goes.
 ONLINE = LivenessThresholds(stale_after_s=30, offline_after_s=90)

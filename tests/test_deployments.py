@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT, DEPLOYMENTS
-from store.deployment_reconcile import REPORT_MARGIN
-from store.deployments import ReconcilePolicy
+from store.deployments.reconcile import REPORT_MARGIN
+from store.deployments.rules import ReconcilePolicy
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (

@@ -18,7 +18,7 @@ import pytest
 from api.gateway.auth import ClientScope
 from api.gateway.cache import GatewayCache
 from store import secrets
-from store.deployment_routes import Route
+from store.deployments.routing import Route
 
 pytestmark = pytest.mark.fast
 

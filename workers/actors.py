@@ -11,7 +11,7 @@ import dramatiq
 
 from broker.jetstream import AsyncResource
 from store.correlation import correlation_id_var
-from store.deployments import ReconcilePolicy
+from store.deployments.rules import ReconcilePolicy
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
@@ -94,7 +94,7 @@ def declare_actors(
         await expire(database.get().sessions, leases)
 
     # A runtime channel's lapse counts only while an API could hold it, on the same
-    # presence rules as liveness (store/runtime_channels.py: gone).
+    # presence rules as liveness (store/deployments/runtime_channels.py: gone).
     reconcile_policy = replace(
         deployments,
         presence_gap_s=thresholds.presence_gap_s,

@@ -1,6 +1,6 @@
 """The deployment reconciler: one periodic entry (workers/main.py: schedule). It compares
 what is desired with what the runtime workers report and moves every deployment that has
-not ended one step (store/deployment_reconcile.py: reconcile_one): unavailable when its node went
+not ended one step (store/deployments/reconcile.py: reconcile_one): unavailable when its node went
 offline, ready again when the node reports it loaded, a reload when the node lost it, a
 periodic health job, the unload of a drain, a load that ended without a report.
 
@@ -18,8 +18,8 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.events import worker_actor
-from store import deployment_reconcile
-from store.deployments import ReconcilePolicy
+from store.deployments import reconcile as deployment_reconcile
+from store.deployments.rules import ReconcilePolicy
 from store.fleet import partition_hold_active
 
 logger = logging.getLogger("modelforge.workers.deployments")

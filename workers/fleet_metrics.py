@@ -31,7 +31,7 @@ from broker.jetstream import AsyncResource
 from schemas.admin import Liveness
 from schemas.deployments import ENDED_STATES, DeploymentState
 from schemas.jobs import JobKind, JobState
-from store.deployment_tables import Deployment
+from store.deployments.tables import Deployment
 from store.fleet import partition_hold_active
 from store.models import Job, Node, OutboxEvent
 from workers.database import Database

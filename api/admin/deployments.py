@@ -1,6 +1,6 @@
 """Operator routes for deployments: create, list, get, drain and unload, and the jobs
 that move them (shown through the one job view, api/admin/views.py). Included in the
-admin router (operator check); the rules are in store/deployments.py."""
+admin router (operator check); the rules are in store/deployments/rules.py."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR
 from schemas.jobs import JobState
 from schemas.protocol import DEPLOYMENT_JOBS, DEPLOYMENTS
-from store import deployments, leases
+from store import leases
+from store.deployments import rules as deployments
 from store.errors import Missing
 from store.models import Job
 

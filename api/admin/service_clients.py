@@ -1,7 +1,7 @@
 """Operator routes for service clients, the gateway's callers (create, list, get,
 rotate, revoke). The secret is issued here, in the API layer (api/gateway/auth.py:
 issue_secret), shown once by create and rotate, and only its digest reaches the store
-(store/service_clients.py). Included in the admin router (operator check)."""
+(store/deployments/service_clients.py). Included in the admin router (operator check)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from schemas.service_clients import (
     ServiceClientState,
     ServiceClientView,
 )
-from store import service_clients
-from store.deployment_tables import ServiceClient
+from store.deployments import service_clients
+from store.deployments.service_client_tables import ServiceClient
 
 router = APIRouter()
 

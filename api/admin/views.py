@@ -43,8 +43,9 @@ from schemas.runtime import (
     RuntimeProgressView,
     UnloadJobView,
 )
-from store import artifacts, deployments, leases, results, runtime
-from store.deployment_tables import Deployment
+from store import artifacts, leases, results, runtime
+from store.deployments import rules as deployments
+from store.deployments.tables import Deployment
 from store.models import Gpu, Job, Node, NodeStream
 
 V = TypeVar("V", bound=JobView)

@@ -1,6 +1,6 @@
 """The runtime worker's deployment job routes: deployment.load.v1, health.v1, drain.v1
 and unload.v1 over the shared leases (store/leases.py), fenced like every job kind; each
-settle also moves the job's deployment (store/deployments.py: on_settled), in the same
+settle also moves the job's deployment (store/deployments/rules.py: on_settled), in the same
 transaction."""
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from schemas.protocol import (
     DEPLOYMENT_JOBS_NEXT,
 )
 from schemas.runtime import RuntimeJobFail, RuntimeJobOutcome, RuntimeJobProgress
-from store import deployments, leases
+from store import leases
+from store.deployments import rules as deployments
 from store.errors import Invalid
 from store.models import Job
 

@@ -8,7 +8,7 @@ both between API processes.
 
 The channel is also how the control plane knows the node's runtime worker is there: its
 holder writes that to PostgreSQL when it opens, at each keep-alive and when it ends
-(store/runtime_channels.py), in short transactions of their own, and the deployment
+(store/deployments/runtime_channels.py), in short transactions of their own, and the deployment
 reconciler in the workers turns the node's ready deployments `unavailable` once it is
 gone (and back when the worker returns), for every process and view to agree."""
 
@@ -39,7 +39,7 @@ from schemas.protocol import (
     INVOKE_STREAM,
     RUNTIME_CHANNEL,
 )
-from store import runtime_channels
+from store.deployments import runtime_channels
 from store.errors import StoreError
 
 logger = logging.getLogger("modelforge.api.runtime_channel")

@@ -4,7 +4,7 @@ A gateway call carries `Authorization: Bearer mfs.<client id>.<secret>`. Anythin
 is refused before the database is read: no header (credential_missing), or a value that
 is not a service client's, such as a node credential (`mfn…`) or the operator key
 (credential_malformed). The rest is one short transaction that only reads: the client by
-primary key, the digest compared in constant time (store/service_clients.py), a revoked
+primary key, the digest compared in constant time (store/deployments/service_clients.py), a revoked
 client refused (credential_revoked).
 
 An admitted client is remembered by this process (api/gateway/cache.py), kept true by
@@ -27,8 +27,9 @@ from api.errors import Unauthenticated
 from api.state import ApiState
 from schemas.errors import ErrorCode
 from schemas.protocol import HTTP_WHITESPACE, SERVICE_CLIENT_PREFIX
-from store import secrets, service_clients
-from store.deployment_tables import ServiceClient
+from store import secrets
+from store.deployments import service_clients
+from store.deployments.service_client_tables import ServiceClient
 
 # The gateway's scheme in the OpenAPI document (Authorize in /docs): the header as sent,
 # refused here, never by the scheme (api/deps.py: BearerHeader).

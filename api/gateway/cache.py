@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.cache_guard import ChangeGuard, kept_by_listen
-from store import deployment_routes, secrets
-from store.deployment_routes import Route
+from store import secrets
+from store.deployments import routing as deployment_routes
+from store.deployments.routing import Route
 from store.notify import GATEWAY_CHANGES_CHANNEL
 
 if TYPE_CHECKING:  # api/gateway/auth.py reaches this cache through the API state

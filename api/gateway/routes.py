@@ -67,8 +67,9 @@ from schemas.protocol import (
     ROUTE_OVERHEAD_HEADER,
     ROUTE_REASON_HEADER,
 )
-from store import deployment_routes, deployments
 from store.correlation import current_correlation_id
+from store.deployments import routing as deployment_routes
+from store.deployments import rules as deployments
 from store.errors import Invalid
 
 logger = logging.getLogger("modelforge.api.gateway")

@@ -1,6 +1,6 @@
 """Which ready deployment an invoke goes to: power of two choices on queue depth, then
 the best probe evidence; deployments cooling down (they failed or timed out an invoke
-lately) are left out. Pure: the gateway reads the routes (store/deployments.py: routes)
+lately) are left out. Pure: the gateway reads the routes (store/deployments/rules.py: routes)
 and this process's own invokes in flight, and gets an order to try them in."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from store.deployment_routes import Route
+from store.deployments.routing import Route
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import openai
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import DEPLOYMENTS, NODES
-from store import runtime_channels
+from store.deployments import runtime_channels
 from tests.agent.harness import admin
 from tests.deployment_flows import RECONCILE_POLICY, deployment, until_state
 from tests.runtime.probing import ProbeNode

@@ -1,7 +1,7 @@
 """deployments and service clients (M5)
 
 A deployment is an artifact served by one node's runtime worker on one device, moved
-through its lifecycle by typed jobs (store/deployments.py). A service client is the
+through its lifecycle by typed jobs (store/deployments/rules.py). A service client is the
 gateway's caller: its credential's digest and its scope.
 
 Revision ID: 0010

@@ -1,6 +1,6 @@
 """The deployment reconciler's decisions (workers/deployments.py runs them): for each
 deployment not ended, compare what is desired with what its node reports and move it one
-step. The lifecycle, its transitions and the jobs' outcomes are store/deployments.py;
+step. The lifecycle, its transitions and the jobs' outcomes are store/deployments/rules.py;
 the lock order is the same (store/locks.py): the node, then the job, then the
 deployment.
 """
@@ -17,8 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.deployments import DeploymentState
 from schemas.jobs import JobKind, JobState
 from schemas.protocol import StreamName
-from store import deployments, nodes, runtime_channels
-from store.deployment_tables import Deployment
+from store import nodes
+from store.deployments import rules as deployments
+from store.deployments import runtime_channels
+from store.deployments.tables import Deployment
 from store.models import Job, Node, NodeStream
 
 # A runtime report must be received this long after a deployment's last transition
@@ -33,7 +35,7 @@ class NodeView:
 
     online: bool
     schedulable: bool
-    # It held a runtime channel and that channel is gone (store/runtime_channels.py):
+    # It held a runtime channel and that channel is gone (store/deployments/runtime_channels.py):
     # its runtime worker died, or cannot reach the control plane.
     runtime_gone: bool
     # The last applied runtime report: when the control plane received it, and the

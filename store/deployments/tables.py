@@ -1,5 +1,6 @@
-"""The M5 tables (migration 0010): deployments and service clients; and the runtime
-channels their availability is read from (migration 0016)."""
+"""The deployments table (migration 0010) and the runtime channels a deployment's
+availability is read from (migration 0016); service clients have their own module
+(store/deployments/service_client_tables.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, LargeBinary, String
+from sqlalchemy import Float, ForeignKey, Integer, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -15,7 +16,7 @@ from store.models import Base
 
 
 class Deployment(Base):
-    """An artifact served on one node's device (store/deployments.py moves it)."""
+    """An artifact served on one node's device (store/deployments/rules.py moves it)."""
 
     __tablename__ = "deployments"
 
@@ -48,24 +49,9 @@ class Deployment(Base):
     state_changed_at: Mapped[datetime]
 
 
-class ServiceClient(Base):
-    __tablename__ = "service_clients"
-
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
-    digest: Mapped[bytes] = mapped_column(LargeBinary)
-    models: Mapped[list[str]] = mapped_column(JSONB)
-    roles: Mapped[list[str]] = mapped_column(JSONB)
-    max_concurrent: Mapped[int | None] = mapped_column(Integer)
-    rate_per_minute: Mapped[int | None] = mapped_column(Integer)
-    created_at: Mapped[datetime]
-    rotated_at: Mapped[datetime | None]
-    revoked_at: Mapped[datetime | None]
-
-
 class RuntimeChannel(Base):
     """A node's runtime channel, as the API process holding it last wrote it
-    (store/runtime_channels.py): one row per node, the newest channel's."""
+    (store/deployments/runtime_channels.py): one row per node, the newest channel's."""
 
     __tablename__ = "runtime_channels"
 

@@ -1,18 +1,18 @@
 """Deployment rules shared by the API and the workers: create, the lifecycle's transitions
 (each one change and its event), what a settled deployment job means for its deployment.
-The reconciler's decisions are store/deployment_reconcile.py; what the gateway reads to
-route is store/deployment_routes.py.
+The reconciler's decisions are store/deployments/reconcile.py; what the gateway reads to
+route is store/deployments/routing.py.
 
 Lifecycle (schemas/deployments.py): `pending` (its load job queued) → `loading` (claimed)
 → `ready` → `draining` → `unloaded`; `failed` when the load failed for good (the job's
 own bounded retries with backoff ran out), `unavailable` when its node went offline, its
-runtime worker's channel is gone (store/runtime_channels.py) or its health failed (back
+runtime worker's channel is gone (store/deployments/runtime_channels.py) or its health failed (back
 to `ready` when the node reports it loaded again, or reloaded).
 
 Every job is one of the shared leases (store/leases.py); this module only decides what
 each settled job means for its deployment (`on_claimed`, `on_settled`, called by the
 agent routes in the same transaction as the settle) and what the periodic reconciler
-(workers/deployments.py) does where no report came (store/deployment_reconcile.py). Lock order, as
+(workers/deployments.py) does where no report came (store/deployments/reconcile.py). Lock order, as
 every transaction here, the agent routes and a decommission take it (store/locks.py):
 the node, then the job, then the deployment.
 """
@@ -40,7 +40,7 @@ from schemas.errors import ErrorCode
 from schemas.events import DeploymentEvent, EventType
 from schemas.jobs import JobKind, JobState
 from store import changes, leases, nodes, results, runtime
-from store.deployment_tables import Deployment
+from store.deployments.tables import Deployment
 from store.errors import Conflict, Missing
 from store.models import Job
 

@@ -21,7 +21,7 @@ from schemas.errors import ErrorCode
 from schemas.events import EventType, ServiceClientEvent
 from schemas.service_clients import ServiceClientCreate, ServiceClientState
 from store import changes, nodes, session_notes
-from store.deployment_tables import ServiceClient
+from store.deployments.service_client_tables import ServiceClient
 from store.errors import Conflict, Missing, Unauthenticated
 
 # Compared against when no row exists, so an unknown id costs what a wrong secret does.

@@ -3,7 +3,7 @@
 Only the API process holding a runtime channel (api/agent/runtime_channel.py) knows at
 once that it ended (the gateway learns it from a delivery nobody takes); the admin API,
 the CLI and the dashboard read the deployment's state, which the reconciler in the
-workers decides (store/deployment_reconcile.py). So the holder writes what it knows to
+workers decides (store/deployments/reconcile.py). So the holder writes what it knows to
 one row per node: when the channel opened and until when it counts as held. Each
 keep-alive moves that on by the keep-alive plus a grace; the channel's end brings it to
 the grace from now (the time a runtime worker takes to come back when only its
@@ -24,7 +24,7 @@ from sqlalchemy import ColumnElement, and_, case, false, func, or_, select, upda
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.deployment_tables import RuntimeChannel
+from store.deployments.tables import RuntimeChannel
 from store.liveness import API, seconds
 from store.models import ControlPlanePresence
 

@@ -12,8 +12,8 @@ from sqlalchemy import Float, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.deployments import DeploymentState
-from store.deployment_tables import Deployment
-from store.deployments import ENDED
+from store.deployments.rules import ENDED
+from store.deployments.tables import Deployment
 from store.models import Node
 from store.runtime_tables import RuntimeEvidence
 
