@@ -19,7 +19,6 @@ import logging
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import State
@@ -27,8 +26,8 @@ from api.state import ApiState
 from schemas.health import CheckState, FailingChild, OutboxState, Readiness
 from schemas.protocol import HEALTHZ, METRICS, READYZ
 from schemas.stack import read_supervisor_state
+from store import published
 from store.fleet import partition_hold_active
-from store.models import OutboxEvent
 
 logger = logging.getLogger("modelforge.api.health")
 
@@ -51,25 +50,9 @@ async def healthz() -> dict[str, str]:
 async def _database(state: ApiState) -> tuple[OutboxState, bool]:
     settings = state.settings
     async with state.sessions() as session:
-        unsent = (
-            select(OutboxEvent.created_at)
-            .where(OutboxEvent.sent_at.is_(None))
-            .order_by(OutboxEvent.position)
-            .limit(settings.ready_outbox_backlog_max + 1)
-            .subquery()
-        )
-        row = (
-            await session.execute(
-                select(
-                    func.count(),
-                    func.extract(
-                        "epoch", func.statement_timestamp() - func.min(unsent.c.created_at)
-                    ),
-                ).select_from(unsent)
-            )
-        ).one()
+        unsent = await published.unsent(session, cap=settings.ready_outbox_backlog_max + 1)
         hold = await partition_hold_active(session)
-    backlog, oldest = int(row[0]), (float(row[1]) if row[1] is not None else None)
+    backlog, oldest = unsent.count, unsent.oldest_s
     lagging = backlog > settings.ready_outbox_backlog_max or (
         oldest is not None and oldest > settings.ready_outbox_lag_max_s
     )

@@ -1,5 +1,7 @@
 """What the relay has already published, read back from the outbox: the admin event
-stream's resume (api/admin/events.py, `Last-Event-ID`), and its retention.
+stream's resume (api/admin/events.py, `Last-Event-ID`), and its retention; and what it
+has not published yet (`unsent`), which readiness (api/health.py) and the fleet gauges
+(workers/fleet_metrics.py) both report.
 
 The outbox keeps each event with its position, the order the relay publishes in, for
 the retention period after it was published (`prune`, scheduled by the workers); a
@@ -8,6 +10,7 @@ resume from an event pruned since is overflow, as any unknown id is."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +18,37 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.models import OutboxEvent
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """The outbox events not yet published: how many (counted up to a cap) and the age
+    of the oldest, in seconds by the database's clock (None when there is none)."""
+
+    count: int
+    oldest_s: float | None
+
+
+async def unsent(session: AsyncSession, *, cap: int) -> Unsent:
+    """The relay's backlog, counted up to `cap` rows so that a huge backlog costs a
+    bounded scan (the partial index on unsent positions). The rows counted are the
+    oldest by position, the relay's order, so the oldest one is always among them."""
+    rows = (
+        select(OutboxEvent.created_at)
+        .where(OutboxEvent.sent_at.is_(None))
+        .order_by(OutboxEvent.position)
+        .limit(cap)
+        .subquery()
+    )
+    count, oldest = (
+        await session.execute(
+            select(
+                func.count(),
+                func.extract("epoch", func.statement_timestamp() - func.min(rows.c.created_at)),
+            ).select_from(rows)
+        )
+    ).one()
+    return Unsent(count=int(count), oldest_s=float(oldest) if oldest is not None else None)
 
 
 async def published_after(

@@ -31,9 +31,10 @@ from broker.jetstream import AsyncResource
 from schemas.admin import Liveness
 from schemas.deployments import ENDED_STATES, DeploymentState
 from schemas.jobs import JobKind, JobState
+from store import published
 from store.deployments.tables import Deployment
 from store.fleet import partition_hold_active
-from store.models import Job, Node, OutboxEvent
+from store.models import Job, Node
 from workers.database import Database
 from workers.services import LoopService
 
@@ -148,7 +149,7 @@ class FleetGauges:
                 .group_by(Node.liveness),
             )
             hold = await partition_hold_active(session)
-            unsent, oldest = await _outbox(session)
+            unsent = await published.unsent(session, cap=OUTBOX_COUNT_CAP)
             jobs = await _counts(
                 session,
                 select(Job.kind, Job.state, func.count())
@@ -174,8 +175,8 @@ class FleetGauges:
             )
         self.nodes.publish(nodes)
         self.partition_hold.set(1 if hold else 0)
-        self.outbox_unsent.set(unsent)
-        self.outbox_oldest.set(oldest)
+        self.outbox_unsent.set(unsent.count)
+        self.outbox_oldest.set(max(0.0, unsent.oldest_s or 0.0))
         self.jobs.publish(jobs)
         self.job_failures.publish(failures)
         self.deployments.publish(deployments)
@@ -185,24 +186,6 @@ class FleetGauges:
 async def _counts(session: AsyncSession, query: Executable) -> dict[Labels, float]:
     rows = (await session.execute(query)).all()
     return {tuple(str(v) for v in row[:-1]): float(row[-1]) for row in rows}
-
-
-async def _outbox(session: AsyncSession) -> tuple[float, float]:
-    unsent = (
-        select(OutboxEvent.created_at)
-        .where(OutboxEvent.sent_at.is_(None))
-        .limit(OUTBOX_COUNT_CAP)
-        .subquery()
-    )
-    count, oldest = (
-        await session.execute(
-            select(
-                func.count(),
-                func.extract("epoch", func.statement_timestamp() - func.min(unsent.c.created_at)),
-            ).select_from(unsent)
-        )
-    ).one()
-    return float(count), max(0.0, float(oldest)) if oldest is not None else 0.0
 
 
 class FleetMetricsMiddleware(LoopService):
