@@ -22,7 +22,24 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Discriminator, Field, Strict, Tag, field_validator
 
 from schemas.base import Count, FilePath, Number, RootPath, WireModel
-from schemas.jobs import Attempts, JobKind, JobState, JobView, Lease, LeaseFence
+from schemas.jobs import (
+    Attempts,
+    FailReport,
+    JobFamily,
+    JobKind,
+    JobState,
+    JobType,
+    JobView,
+    Lease,
+    LeaseFence,
+    RouteDocs,
+)
+from schemas.protocol import (
+    ARTIFACT_JOB_COMPLETE,
+    ARTIFACT_JOB_FAIL,
+    ARTIFACT_JOB_PROGRESS,
+    ARTIFACT_JOBS_NEXT,
+)
 
 # `owner/name` (or a bare `name`), as the Hub spells repository ids.
 REPOSITORY_PATTERN: Final = (
@@ -220,6 +237,39 @@ class CompleteAnswer(WireModel):
     # succeeded, or failed when the files did not match the job (inventory_mismatch).
     state: JobState
     mismatches: list[str] = []
+
+
+ARTIFACT_JOBS: Final = JobFamily(
+    name="artifact",
+    next=ARTIFACT_JOBS_NEXT,
+    progress_path=ARTIFACT_JOB_PROGRESS,
+    complete_path=ARTIFACT_JOB_COMPLETE,
+    fail_path=ARTIFACT_JOB_FAIL,
+    types=(
+        JobType(
+            kind=JobKind.ARTIFACT_ACQUIRE,
+            spec=ArtifactSpec,
+            claim=ArtifactClaim,
+            completion=CompleteReport,
+            result=ArtifactResult,
+            view=ArtifactJobView,
+            capability=JobKind.ARTIFACT_ACQUIRE.value,
+        ),
+    ),
+    claim=ArtifactClaim,
+    progress=ProgressReport,
+    progress_view=ArtifactProgressView,
+    completion=CompleteReport,
+    completed=CompleteAnswer,
+    fail=FailReport,
+    docs=RouteDocs(
+        claim="At most one of the calling node's queued jobs, leased to it; 204 when none.",
+        progress="Bytes per file; extends the lease. The answer says whether to stop (cancelled).",
+        complete="""The verified inventory. A match records the artifact on the node; a mismatch
+    fails the job (inventory_mismatch): either way the answer is 200 with the outcome.""",
+        fail="A typed failure. Retried with backoff while it may help and attempts remain.",
+    ),
+)
 
 
 class NodeArtifact(WireModel):

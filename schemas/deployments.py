@@ -22,11 +22,29 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag
 
 from schemas.base import Count, NodePath, Number, Positive, Text, WireModel, json_integer
-from schemas.jobs import Attempts, JobKind, JobView, Lease, LeaseFence
+from schemas.jobs import (
+    Attempts,
+    JobFamily,
+    JobKind,
+    JobType,
+    JobView,
+    Lease,
+    LeaseFence,
+    RouteDocs,
+)
+from schemas.protocol import (
+    DEPLOYMENT_JOB_COMPLETE,
+    DEPLOYMENT_JOB_FAIL,
+    DEPLOYMENT_JOB_PROGRESS,
+    DEPLOYMENT_JOBS_NEXT,
+)
 from schemas.runtime import (
     ArtifactRef,
     DeviceId,
     ResolvedLoras,
+    RuntimeJobFail,
+    RuntimeJobOutcome,
+    RuntimeJobProgress,
     RuntimeProgressView,
     ServerHealth,
     Sha256Hex,
@@ -162,12 +180,6 @@ class TargetSpec(WireModel):
 
 
 TargetKind = Literal[JobKind.DEPLOYMENT_HEALTH, JobKind.DEPLOYMENT_DRAIN, JobKind.DEPLOYMENT_UNLOAD]
-KINDS: Final = (
-    JobKind.DEPLOYMENT_LOAD,
-    JobKind.DEPLOYMENT_HEALTH,
-    JobKind.DEPLOYMENT_DRAIN,
-    JobKind.DEPLOYMENT_UNLOAD,
-)
 
 
 class LoadClaim(WireModel):
@@ -303,6 +315,66 @@ class UnloadJobView(JobView):
 DeploymentJobView = Annotated[
     LoadJobView | HealthJobView | DrainJobView | UnloadJobView, Field(discriminator="kind")
 ]
+
+
+DEPLOYMENT_JOBS: Final = JobFamily(
+    name="deployment",
+    next=DEPLOYMENT_JOBS_NEXT,
+    progress_path=DEPLOYMENT_JOB_PROGRESS,
+    complete_path=DEPLOYMENT_JOB_COMPLETE,
+    fail_path=DEPLOYMENT_JOB_FAIL,
+    types=(
+        JobType(
+            kind=JobKind.DEPLOYMENT_LOAD,
+            spec=LoadSpec,
+            claim=LoadClaim,
+            completion=LoadComplete,
+            result=LoadResult,
+            view=LoadJobView,
+        ),
+        JobType(
+            kind=JobKind.DEPLOYMENT_HEALTH,
+            spec=TargetSpec,
+            claim=TargetClaim,
+            completion=HealthComplete,
+            result=HealthResult,
+            view=HealthJobView,
+        ),
+        JobType(
+            kind=JobKind.DEPLOYMENT_DRAIN,
+            spec=TargetSpec,
+            claim=TargetClaim,
+            completion=DrainComplete,
+            result=DrainResult,
+            view=DrainJobView,
+        ),
+        JobType(
+            kind=JobKind.DEPLOYMENT_UNLOAD,
+            spec=TargetSpec,
+            claim=TargetClaim,
+            completion=UnloadComplete,
+            result=UnloadResult,
+            view=UnloadJobView,
+        ),
+    ),
+    claim=DeploymentClaim,
+    progress=RuntimeJobProgress,
+    progress_view=RuntimeProgressView,
+    completion=DeploymentComplete,
+    completed=RuntimeJobOutcome,
+    fail=RuntimeJobFail,
+    docs=RouteDocs(
+        claim="The node's next deployment job of any kind, by `kind`.",
+        progress="The phase; extends the lease. The answer says whether to stop (cancelled).",
+        complete="""The body must be of the job's kind; it becomes the job's result, and moves the
+    deployment (a load makes it ready, a drain or unload unloaded).""",
+        fail="""A normalised runtime failure: retried with backoff while it may help; a load that
+    fails for good makes its deployment `failed` with this code.""",
+    ),
+)
+
+# Every kind the runtime worker claims through …/deployment-jobs/next.
+KINDS: Final = DEPLOYMENT_JOBS.kinds
 
 
 class DeploymentJobList(WireModel):

@@ -8,14 +8,24 @@ the job went to another attempt) can never overwrite the new attempt's work. One
 mechanism (store/leases.py) serves artifact, runtime and deployment jobs alike; the
 kind-specific parts (what the job carries, what its completion proves) live in their
 own modules (schemas/artifacts.py).
+
+Each family of kinds is declared once, as a JobFamily beside its own wire types
+(schemas/artifacts.py: ARTIFACT_JOBS, schemas/runtime.py: RUNTIME_JOBS,
+schemas/deployments.py: DEPLOYMENT_JOBS; all of them in schemas/job_families.py): its
+routes, the claim, progress, completion and result of each kind, its view and the
+capability a node advertises for it. The API's agent routes (api/agent/jobs.py), the
+admin view, the results table and the store's per-kind checks are derived from it. The
+declaration types are here and the declarations beside their types because those
+types are built on this module's lease: declaring them here would make a circle.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
 
@@ -180,3 +190,71 @@ class JobView(WireModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+
+
+# Declarations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobType:
+    """One job kind: what its lease carries (`spec`), the claim that hands it out, the
+    completion a node reports, the result that completion establishes, and how an
+    operator sees it."""
+
+    kind: JobKind
+    spec: type[WireModel]
+    claim: type[WireModel]
+    completion: type[WireModel]
+    result: type[WireModel]
+    view: type[JobView]
+    # What a node advertises to be handed this kind (its heartbeat's capabilities);
+    # None where the process that claims it advertises nothing (the runtime worker).
+    capability: str | None = None
+
+
+@dataclass(frozen=True)
+class RouteDocs:
+    """What the OpenAPI document says of each of a family's agent routes."""
+
+    claim: str
+    progress: str
+    complete: str
+    fail: str
+
+
+@dataclass(frozen=True)
+class JobFamily:
+    """The kinds a node claims from one set of agent routes: GET `next` leases the
+    node's next job of any of them, answered as that kind's claim (by `kind`); progress,
+    complete and fail are then reported under the lease, each kind's completion in its
+    own body."""
+
+    # Names the routes' operations (claim_<name>_job, report_<name>_progress, …).
+    name: str
+    next: str
+    progress_path: str
+    complete_path: str
+    fail_path: str
+    types: tuple[JobType, ...]
+    # The …/next answer: the one kind's claim, or the kinds' claims by `kind`.
+    claim: Any
+    progress: type[WireModel]
+    # How an operator sees the current attempt's latest progress.
+    progress_view: type[WireModel]
+    # The …/complete body: the one kind's completion, or the kinds' by `kind`.
+    completion: Any
+    # The …/complete answer and the …/fail body.
+    completed: type[WireModel]
+    fail: type[WireModel]
+    docs: RouteDocs
+
+    @property
+    def kinds(self) -> tuple[JobKind, ...]:
+        return tuple(job_type.kind for job_type in self.types)
+
+    def of(self, kind: str) -> JobType:
+        """The declaration of one of this family's kinds (a job's `kind` column)."""
+        for job_type in self.types:
+            if job_type.kind == kind:
+                return job_type
+        raise ValueError(f"{kind} is not a {self.name} job")

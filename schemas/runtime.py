@@ -35,8 +35,24 @@ from schemas.base import (
     WireModel,
     json_integer,
 )
-from schemas.jobs import Attempts, JobKind, JobState, JobView, Lease, LeaseFence
+from schemas.jobs import (
+    Attempts,
+    JobFamily,
+    JobKind,
+    JobState,
+    JobType,
+    JobView,
+    Lease,
+    LeaseFence,
+    RouteDocs,
+)
 from schemas.llama_flags import profile_refusals, server_args_json_schema
+from schemas.protocol import (
+    RUNTIME_JOB_COMPLETE,
+    RUNTIME_JOB_FAIL,
+    RUNTIME_JOB_PROGRESS,
+    RUNTIME_JOBS_NEXT,
+)
 
 # A `server_args` entry's value: a scalar, each one argv element (never a shell string).
 ServerArg = Flag | Integer | Number | Annotated[Text, Field(max_length=256)]
@@ -472,6 +488,55 @@ class UnloadJobView(JobView):
 RuntimeJobView = Annotated[
     ProbeJobView | HealthJobView | UnloadJobView, Field(discriminator="kind")
 ]
+
+
+RUNTIME_JOBS: Final = JobFamily(
+    name="runtime",
+    next=RUNTIME_JOBS_NEXT,
+    progress_path=RUNTIME_JOB_PROGRESS,
+    complete_path=RUNTIME_JOB_COMPLETE,
+    fail_path=RUNTIME_JOB_FAIL,
+    types=(
+        JobType(
+            kind=JobKind.RUNTIME_PROBE,
+            spec=ProbeSpec,
+            claim=ProbeClaim,
+            completion=ProbeComplete,
+            result=ProbeResult,
+            view=ProbeJobView,
+        ),
+        JobType(
+            kind=JobKind.RUNTIME_HEALTH,
+            spec=DeviceSpec,
+            claim=DeviceJobClaim,
+            completion=HealthComplete,
+            result=HealthResult,
+            view=HealthJobView,
+        ),
+        JobType(
+            kind=JobKind.RUNTIME_UNLOAD,
+            spec=DeviceSpec,
+            claim=DeviceJobClaim,
+            completion=UnloadComplete,
+            result=UnloadResult,
+            view=UnloadJobView,
+        ),
+    ),
+    claim=RuntimeClaim,
+    progress=RuntimeJobProgress,
+    progress_view=RuntimeProgressView,
+    completion=RuntimeComplete,
+    completed=RuntimeJobOutcome,
+    fail=RuntimeJobFail,
+    docs=RouteDocs(
+        claim="The node's next runtime job of any kind (probe, health, unload), by `kind`.",
+        progress="The phase; extends the lease. The answer says whether to stop (cancelled).",
+        complete="""A probe's layered health and measured evidence (stored per node, device,
+    artifact, profile and environment), or a health or unload job's report; the body
+    must be of the job's kind.""",
+        fail="A normalised runtime failure. Retried with backoff while it may help.",
+    ),
+)
 
 
 class RuntimeJobList(WireModel):
