@@ -12,13 +12,13 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.admin.events import event_fanout
 from api.admin.routes import router as admin_router
 from api.agent.auth import warm
 from api.agent.fast_path import FleetApp
 from api.agent.routes import router as agent_router
 from api.broker_link import BrokerLink
 from api.docs import install_docs
+from api.event_fanout import event_fanout
 from api.gateway.cache import database_routes, gateway_cache
 from api.gateway.limits import ClientLimits
 from api.gateway.relay import invoke_relay

@@ -31,13 +31,12 @@ from api.agent.auth import (
     presented_credential,
     require_credential,
 )
-from api.agent.heartbeat import HeartbeatCall
 from api.errors import Forbidden, Unauthenticated
 from api.node_cache import CachedNode
 from api.state import ApiState, get_state
 from api.ui.session import admitted_by_session
 from schemas.errors import ErrorCode
-from schemas.protocol import ADMIN_HEADER, HEARTBEAT, NODE_CREDENTIAL_PREFIX
+from schemas.protocol import ADMIN_HEADER, NODE_CREDENTIAL_PREFIX
 from store import nodes, secrets
 from store.deployments import service_clients
 from store.node_credentials import AuthenticatedNode
@@ -162,23 +161,6 @@ async def _ingest_transaction(
         yield node_request
 
 
-async def _heartbeat_call(
-    state: State, authorization: NodeAuthorization
-) -> AsyncIterator[HeartbeatCall]:
-    # The hot path (api/agent/heartbeat.py): a cached node needs no transaction; else
-    # no node lock up front, taken only when there is an event to emit.
-    # A missing or malformed credential is the typed 401 here, before any shedding.
-    presented = presented_credential(authorization) or require_credential(authorization)
-    cached = cached_node(state, presented)
-    if cached is not None:
-        yield HeartbeatCall(state, authorization, presented, cached=cached)
-        return
-    # Not cached: the transactional path, while it is not overloaded (api/shedding.py).
-    # Returning (or new, or this process has not seen it): the batch decides it.
-    with state.shedder.admitted(HEARTBEAT):
-        yield HeartbeatCall(state, authorization, presented, returning=True)
-
-
 async def require_operator(
     request: Request,
     state: State,
@@ -212,7 +194,6 @@ Transaction = Annotated[AsyncSession, Depends(_transaction, scope="function")]
 NodeTransaction = Annotated[NodeRequest, Depends(_node_transaction, scope="function")]
 # Inventory and telemetry: a node transaction that is shed when overloaded.
 IngestTransaction = Annotated[NodeRequest, Depends(_ingest_transaction, scope="function")]
-HeartbeatContext = Annotated[HeartbeatCall, Depends(_heartbeat_call, scope="function")]
 AdminTransaction = Annotated[AsyncSession, Depends(_admin_transaction, scope="function")]
 # The node of a request that holds no transaction (an invoke's answer stream), admitted
 # as a dependency: before the route's headers, path and body are validated.

@@ -1,6 +1,6 @@
 """One core NATS subscription held for as long as its owner wants it: the loop shared by
 the job notifications (api/notifications.py) and the operators' event stream
-(api/admin/events.py).
+(api/event_fanout.py).
 
 Each connection is made without nats-py's own reconnect, so that an outage is seen here:
 the loop closes the dead connection, waits (0.5 s doubling to 10 s, reset by every

@@ -28,11 +28,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from api.cache_guard import ChangeGuard, kept_by_listen
 from store import secrets
+from store.node_credentials import AuthenticatedNode
 from store.notify import NODE_CHANGES_CHANNEL
 
 logger = logging.getLogger("modelforge.api.node_cache")
@@ -47,6 +49,33 @@ class CachedNode:
     protocol_version: int
     # Sorted, as heartbeats record them.
     capabilities: tuple[str, ...]
+
+
+class AgentFacts(Protocol):
+    """What a node says of its agent: a heartbeat's request, or the node as admitted."""
+
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def protocol_version(self) -> int: ...
+    @property
+    def capabilities(self) -> Sequence[str]: ...
+
+
+def cache_entry(
+    node: AuthenticatedNode, digest: bytes, facts: AgentFacts | None = None
+) -> CachedNode:
+    """The node as a committed heartbeat leaves it: online, its credential's digest, and
+    the agent facts just recorded (`facts`: a heartbeat's; by default the node's own)."""
+    recorded = node if facts is None else facts
+    return CachedNode(
+        node_id=node.node_id,
+        credential_id=node.credential_id,
+        digest=digest,
+        agent_version=recorded.agent_version,
+        protocol_version=recorded.protocol_version,
+        capabilities=tuple(sorted(set(recorded.capabilities))),
+    )
 
 
 class NodeCache:

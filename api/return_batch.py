@@ -25,16 +25,15 @@ from collections.abc import AsyncIterator, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.agent.heartbeat import cache_entry
 from api.background import background
 from api.group_commit import GroupCommit
 from api.heartbeat_buffer import HeartbeatBuffer
 from api.metrics import ApiMetrics
-from api.node_cache import NodeCache
+from api.node_cache import NodeCache, cache_entry
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
 from store import heartbeat
 from store.heartbeat import Returning
-from store.secrets import PresentedSecret
+from store.secrets import PresentedSecret, digest
 
 logger = logging.getLogger("modelforge.api.returns")
 
@@ -83,7 +82,8 @@ class ReturnBatcher:
                 continue
             answers.append(heartbeat.answer(node.node_id, node.received_at, self._interval_s))
             if self._cache is not None:
-                self._cache.remember(cache_entry(node, item.presented, item.request), generation)
+                entry = cache_entry(node, digest(item.presented.secret), item.request)
+                self._cache.remember(entry, generation)
         written = [node for node in decided if node is not None]
         if written:
             self._heartbeats.observe(written[0].received_at)

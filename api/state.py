@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import Request
 
 from api.broker_link import BrokerLink
+from api.event_fanout import EventFanout
+from api.gateway.cache import GatewayCache
 from api.gateway.limits import ClientLimits
 from api.gateway.relay import InvokeRelay
 from api.heartbeat_buffer import HeartbeatBuffer
@@ -17,17 +18,13 @@ from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
 from api.node_cache import NodeCache
 from api.notifications import NotificationHub
+from api.return_batch import ReturnBatcher
 from api.settings import ApiSettings
 from api.shedding import LoadShedder
+from api.telemetry_batch import TelemetryBatcher
 from broker.jetstream.names import Names
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
-
-if TYPE_CHECKING:  # it reads service clients (api/gateway/auth.py), which reach this state
-    from api.admin.events import EventFanout  # its route reaches this state
-    from api.gateway.cache import GatewayCache
-    from api.return_batch import ReturnBatcher
-    from api.telemetry_batch import TelemetryBatcher
 
 
 @dataclass
@@ -48,7 +45,7 @@ class ApiState:
     telemetry: TelemetryBatcher
     # Heartbeats of nodes the cache does not hold, group-committed (api/return_batch.py).
     returns: ReturnBatcher
-    # The operators' event stream (api/admin/events.py).
+    # The operators' event stream's fan-out (api/event_fanout.py; its route api/admin/events.py).
     events: EventFanout
     # Refuses node requests past the transactional path's bound (api/shedding.py).
     shedder: LoadShedder

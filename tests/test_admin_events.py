@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.admin.events import EventFanout, EventFilter
+from api.event_fanout import EventFanout, EventFilter
 from cli.admin.client import AdminClient, Target
 from schemas.events import CloudEvent, EventType
 from schemas.protocol import ADMIN_EVENTS, ADMIN_EVENTS_OVERFLOW

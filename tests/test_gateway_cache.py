@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from api.gateway.auth import ClientScope
 from api.gateway.cache import GatewayCache
+from api.gateway.scope import ClientScope
 from store import secrets
 from store.deployments.routing import Route
 

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from api.gateway.auth import ClientScope
 from api.gateway.limits import Admission, ClientLimits, LimitExceeded
+from api.gateway.scope import ClientScope
 
 pytestmark = pytest.mark.fast
 

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from api.errors import ApiError
-from api.gateway.auth import ClientScope, client_scope
+from api.gateway.auth import client_scope
+from api.gateway.scope import ClientScope
 from schemas.protocol import (
     AUDIT,
     GATEWAY_MODELS,

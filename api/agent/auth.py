@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.errors import Unauthenticated
-from api.node_cache import CachedNode, NodeCache
+from api.node_cache import CachedNode, NodeCache, cache_entry
 from schemas.admin import Liveness
 from schemas.errors import ErrorCode
 from schemas.protocol import HTTP_WHITESPACE, NODE_CREDENTIAL_PREFIX
@@ -90,16 +90,7 @@ async def warm(
     if now is not None:
         observe(now)
     for credential in live:
-        node = credential.node
-        entry = CachedNode(
-            node_id=node.node_id,
-            credential_id=node.credential_id,
-            digest=credential.digest,
-            agent_version=node.agent_version,
-            protocol_version=node.protocol_version,
-            capabilities=tuple(sorted(set(node.capabilities))),
-        )
-        cache.remember(entry, generation)
+        cache.remember(cache_entry(credential.node, credential.digest), generation)
     return len(cache)
 
 

@@ -18,13 +18,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Annotated
 
+from fastapi import Depends
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.agent.auth import authenticate_node
-from api.node_cache import CachedNode
+from api.agent.auth import authenticate_node, presented_credential, require_credential
+from api.deps import NodeAuthorization, State, cached_node
+from api.node_cache import CachedNode, cache_entry
 from api.state import ApiState
 from schemas.agent import HeartbeatRequest, HeartbeatResponse
+from schemas.protocol import HEARTBEAT
 from store import heartbeat
 from store.node_credentials import AuthenticatedNode
 from store.secrets import PresentedSecret, digest
@@ -34,20 +38,6 @@ def routine(cached: CachedNode, request: HeartbeatRequest) -> bool:
     """Nothing for the database to decide: the cache only holds online nodes."""
     return request.node_id == cached.node_id and not heartbeat.agent_changed(
         cached.agent_version, cached.protocol_version, cached.capabilities, request
-    )
-
-
-def cache_entry(
-    node: AuthenticatedNode, presented: PresentedSecret, request: HeartbeatRequest
-) -> CachedNode:
-    """The node as a committed heartbeat left it: online, with the request's facts."""
-    return CachedNode(
-        node_id=node.node_id,
-        credential_id=node.credential_id,
-        digest=digest(presented.secret),
-        agent_version=request.agent_version,
-        protocol_version=request.protocol_version,
-        capabilities=tuple(sorted(set(request.capabilities))),
     )
 
 
@@ -75,6 +65,27 @@ class HeartbeatCall:
     returning: bool = False
 
 
+async def _heartbeat_call(
+    state: State, authorization: NodeAuthorization
+) -> AsyncIterator[HeartbeatCall]:
+    # A cached node needs no transaction; else no node lock up front, taken only when
+    # there is an event to emit.
+    # A missing or malformed credential is the typed 401 here, before any shedding.
+    presented = presented_credential(authorization) or require_credential(authorization)
+    cached = cached_node(state, presented)
+    if cached is not None:
+        yield HeartbeatCall(state, authorization, presented, cached=cached)
+        return
+    # Not cached: the transactional path, while it is not overloaded (api/shedding.py).
+    # Returning (or new, or this process has not seen it): the batch decides it.
+    with state.shedder.admitted(HEARTBEAT):
+        yield HeartbeatCall(state, authorization, presented, returning=True)
+
+
+# The heartbeat route's dependency (api/agent/routes.py), committed before the answer.
+HeartbeatContext = Annotated[HeartbeatCall, Depends(_heartbeat_call, scope="function")]
+
+
 @contextlib.asynccontextmanager
 async def heartbeat_transaction(
     state: ApiState, authorization: str | None, presented: PresentedSecret
@@ -99,7 +110,7 @@ async def _transactional(call: HeartbeatCall, request: HeartbeatRequest) -> Hear
         request,
         heartbeat_interval_s=call.state.settings.heartbeat_interval_s,
     )
-    call.remember = cache_entry(call.node, call.presented, request)
+    call.remember = cache_entry(call.node, digest(call.presented.secret), request)
     return response
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
-from api.agent.heartbeat import handle_heartbeat
-from api.deps import HeartbeatContext, IngestTransaction, State, Transaction
+from api.agent.heartbeat import HeartbeatContext, handle_heartbeat
+from api.deps import IngestTransaction, State, Transaction
 from api.errors import error_responses
 from api.metrics import counted_ingest
 from schemas.agent import (

@@ -16,7 +16,6 @@ that made it.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Security
@@ -24,12 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.deps import BearerHeader, State
 from api.errors import Unauthenticated
+from api.gateway.scope import ClientScope, scope_of
 from api.state import ApiState
 from schemas.errors import ErrorCode
 from schemas.protocol import HTTP_WHITESPACE, SERVICE_CLIENT_PREFIX
 from store import secrets
 from store.deployments import service_clients
-from store.deployments.service_client_tables import ServiceClient
 
 # The gateway's scheme in the OpenAPI document (Authorize in /docs): the header as sent,
 # refused here, never by the scheme (api/deps.py: BearerHeader).
@@ -38,34 +37,6 @@ SERVICE_CLIENT_BEARER = BearerHeader(
     f"A service client's secret ({SERVICE_CLIENT_PREFIX}.<client id>.<secret>, shown once "
     "when an operator creates or rotates the client); the gateway routes.",
 )
-
-
-@dataclass(frozen=True)
-class ClientScope:
-    """Who is calling, and what it may call: the served models and roles it names, and
-    its bounds (api/gateway/limits.py). None: no bound."""
-
-    client_id: uuid.UUID
-    name: str
-    models: frozenset[str]
-    roles: frozenset[str]
-    max_concurrent: int | None
-    rate_per_minute: int | None
-
-    def allows(self, model: str) -> bool:
-        """A model or role name this client is scoped to."""
-        return model in self.models or model in self.roles
-
-
-def scope_of(client: ServiceClient) -> ClientScope:
-    return ClientScope(
-        client_id=client.id,
-        name=client.name,
-        models=frozenset(client.models),
-        roles=frozenset(client.roles),
-        max_concurrent=client.max_concurrent,
-        rate_per_minute=client.rate_per_minute,
-    )
 
 
 def issue_secret(client_id: uuid.UUID | None = None) -> secrets.IssuedSecret:

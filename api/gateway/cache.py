@@ -31,18 +31,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.cache_guard import ChangeGuard, kept_by_listen
+from api.gateway.scope import ClientScope
 from store import secrets
 from store.deployments import routing as deployment_routes
 from store.deployments.routing import Route
 from store.notify import GATEWAY_CHANGES_CHANNEL
-
-if TYPE_CHECKING:  # api/gateway/auth.py reaches this cache through the API state
-    from api.gateway.auth import ClientScope
 
 logger = logging.getLogger("modelforge.api.gateway")
 

@@ -19,10 +19,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:  # the auth module needs the API's state, which holds these limits
-    from api.gateway.auth import ClientScope
+from api.gateway.scope import ClientScope
 
 LimitCode = Literal["concurrency_limited", "rate_limited"]
 CONCURRENCY_LIMITED: LimitCode = "concurrency_limited"

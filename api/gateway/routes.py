@@ -40,10 +40,11 @@ from starlette.types import Receive, Scope, Send
 
 from api.deps import State
 from api.errors import Forbidden, NotFound, ServiceUnavailable, TooManyRequests
-from api.gateway.auth import ClientScope, ServiceClientAuth
+from api.gateway.auth import ServiceClientAuth
 from api.gateway.limits import LimitExceeded
 from api.gateway.relay import Ended, Frame, Opened, Pending
 from api.gateway.routing import Choice, order
+from api.gateway.scope import ClientScope
 from api.handlers import gateway_error
 from api.state import ApiState
 from schemas.errors import ErrorBody, ErrorCode
