@@ -1,12 +1,12 @@
-"""Deployments on the runtime worker: the deployment kinds' jobs, and what the worker
-keeps of each deployment it serves (`Deployed`, in `worker.deployments` by id).
+"""Deployments on the runtime worker: the deployment kinds' jobs, over what the worker
+keeps of each deployment it serves (agent/runtime/deployed.py: `Deployed`).
 
 Every kind runs under its lease on the one lease runner (agent/runtime/jobs.py
 RuntimeJob over agent/jobs/lease.py), claimed by the deployment-jobs claim loop
 (agent/runtime/control.py):
 
 * **deployment.load.v1**: the lease's settings admitted and its files verified exactly
-  as a probe's (agent/runtime/probe.py: admitted_model); the model, named
+  as a probe's (agent/runtime/admission.py); the model, named
   `deploy-<id hex[:12]>` and answering under the served name (its alias), started on
   the lease's device through the device's turn; then the device is **pinned** to it
   (agent/runtime/devices.py: no other model runs there until its unload). A device
@@ -34,16 +34,14 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from agent.client import DeploymentCompletion, ProtocolClient
 from agent.jobs.lease import Reports
-from agent.runtime.config import ModelSpec
-from agent.runtime.devices import DeviceSlot
+from agent.runtime.admission import admitted_model, server_failure
+from agent.runtime.deployed import Deployed, deployment_model_id
 from agent.runtime.health import NOTHING, server_health
 from agent.runtime.jobs import RuntimeFailed, RuntimeJob
-from agent.runtime.probe import admitted_model, server_failure
-from agent.runtime.server import LlamaServer, ServerFailed
+from agent.runtime.server import ServerFailed
 from agent.runtime.worker import RuntimeWorker
 from schemas.deployments import (
     KINDS,
@@ -51,7 +49,6 @@ from schemas.deployments import (
     HealthComplete,
     LoadClaim,
     LoadComplete,
-    ReportedDeployment,
     TargetClaim,
     UnloadComplete,
 )
@@ -70,46 +67,6 @@ DEPLOYMENT_KINDS = frozenset(KINDS)
 # How long cut invokes get to report their end (their llama-server connections are
 # closed at once); then their tasks are cancelled.
 CUT_WAIT_S = 5.0
-
-
-@dataclass
-class Deployed:
-    """A deployment this worker serves: its model (on its device's pinned slot), its
-    bound, and the invokes running on it, by invoke id."""
-
-    deployment_id: uuid.UUID
-    model: ModelSpec
-    slot: DeviceSlot
-    max_concurrent: int
-    draining: bool = False
-    invokes: dict[uuid.UUID, asyncio.Task[object]] = field(default_factory=dict)
-    # Set whenever an invoke ends (a drain waits on it).
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.invokes)
-
-    @property
-    def server(self) -> LlamaServer | None:
-        """Its llama-server, if it runs (the device's, as long as it is this model's)."""
-        server = self.slot.server
-        if server is None or server.model.model_id != self.model.model_id or not server.alive:
-            return None
-        return server
-
-    def reported(self) -> ReportedDeployment:
-        return ReportedDeployment(
-            deployment_id=self.deployment_id,
-            device_id=self.slot.device.id,
-            model=self.model.served_name,
-            state="draining" if self.draining else "ready",
-            in_flight=self.in_flight,
-        )
-
-
-def deployment_model_id(deployment_id: uuid.UUID) -> str:
-    return f"deploy-{deployment_id.hex[:12]}"
 
 
 class DeploymentReports:
@@ -195,7 +152,7 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
         # Refused before anything is verified: the device serves another deployment.
         model_id = deployment_model_id(spec.deployment_id)
         slot.refuse_other(model_id)
-        model = await admitted_model(spec, self.worker, model_id, alias=spec.model)
+        model = await admitted_model(spec, self.worker.config, model_id, alias=spec.model)
         self.check()
         self.phase = "loading"
         try:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agent.client import ProtocolClient
 from agent.errors import RequestFailed, invalid_fields
 from agent.runtime.api import RELAY_ERRORS, STREAM_DONE, STREAM_FAILED
-from agent.runtime.deployments import Deployed
+from agent.runtime.deployed import Deployed
 from agent.runtime.worker import RuntimeWorker
 from schemas.gateway import GatewayId, Invoke, InvokeParams, InvokeRefusal
 from schemas.jobs import LeaseFence

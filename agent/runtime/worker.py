@@ -1,5 +1,5 @@
 """The runtime worker's state: its devices (one slot each), the configured models, the
-deployments it serves (agent/runtime/deployments.py), and what it reports about them.
+deployments it serves (agent/runtime/deployed.py), and what it reports about them.
 The local API, the job loops and the invokes all work through this."""
 
 from __future__ import annotations
@@ -7,17 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 from agent.runtime.backends import RuntimeBackend, backend
 from agent.runtime.config import ModelSpec, RuntimeConfig
+from agent.runtime.deployed import Deployed
 from agent.runtime.devices import DeviceSlot, SlotSettings
 from agent.runtime.selection import choose_device
 from agent.runtime.server import ServerSettings, reap_leftovers
 from schemas.runtime_local import RuntimeDevice, RuntimeInventory, RuntimeRegistration, ServedModel
-
-if TYPE_CHECKING:
-    from agent.runtime.deployments import Deployed
 
 logger = logging.getLogger("modelforge.runtime")
 

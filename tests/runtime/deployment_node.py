@@ -22,8 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent.client import ProtocolClient, make_http_client
+from agent.runtime.admission import sha256_of
 from agent.runtime.jobs import RuntimeReports
-from agent.runtime.probe import sha256_of
 from schemas.deployments import LoadClaim, LoadSpec, TargetClaim, TargetSpec
 from schemas.gateway import Invoke, InvokeParams
 from schemas.jobs import FailAnswer, JobKind, JobState, Lease, LeaseFence, ProgressAnswer

@@ -20,7 +20,7 @@ from agent.client import ProtocolClient
 from agent.jobs.wakeups import EventReader, Wakeups
 from agent.runtime.channel import RuntimeChannel
 from agent.runtime.config import ModelSpec, RuntimeConfig
-from agent.runtime.deployments import Deployed
+from agent.runtime.deployed import Deployed
 from agent.runtime.invoke import Invokes, run_invoke
 from agent.runtime.worker import RuntimeWorker
 from schemas.deployments import KINDS

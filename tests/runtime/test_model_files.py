@@ -1,5 +1,5 @@
 """A file a runtime lease names is loaded only if it is a plain, regular file, inside the
-runtime worker's artifact roots when it has any (agent/runtime/probe.py: model_file)."""
+runtime worker's artifact roots when it has any (agent/runtime/admission.py: model_file)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.runtime.admission import model_file
 from agent.runtime.jobs import RuntimeFailed
-from agent.runtime.probe import model_file
 
 pytestmark = pytest.mark.fast
 
