@@ -1,7 +1,8 @@
 """Liveness from server-received heartbeat time (never the agent's clock).
 
 Reads compute it from the timestamp; transitions are recorded on the node (with an
-audit row and an event) by the sweep in workers/liveness.py and by heartbeats.
+audit row and an event) by the sweep (store/liveness_sweep.py, run by the workers) and
+by heartbeats.
 
 Restart grace: silence counts only while the control plane could hear it. When every
 API process was down, a node's last heartbeat from before the outage is moved later by

@@ -35,6 +35,7 @@ from schemas.protocol import (
 )
 from store.deployments.rules import ReconcilePolicy
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import sweep
 from tests.agent.harness import wait_until
 from tests.api_server import RunningApi
 from tests.artifact_flows import COMMIT, REPOSITORY
@@ -47,7 +48,6 @@ from tests.runtime_flows import (
     report_runtime,
 )
 from workers.deployments import reconcile
-from workers.liveness import sweep
 
 HEALTHY = {"process_up": True, "health_ok": True, "model_listed": True, "inference_ok": True}
 # The reconciler as the tests run it: no periodic health checks of their own.

@@ -25,13 +25,13 @@ from schemas.protocol import ENROLL, FLEET
 from store.engine import make_engine, make_sessionmaker
 from store.fleet import PartitionBreaker
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import Transition, sweep
 from tests.admin_helpers import beat, get_node, patch_node, refused
 from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi, api_on_thresholds
 from tests.cli_support import Admin, Running, containing, failed, ok
 from tests.flows import NO_BREAKER, EnrolledNode, enroll, enroll_body
 from tests.services import run_async
-from workers.liveness import Transition, sweep
 
 pytest_plugins = ["tests.cli_fixtures"]
 

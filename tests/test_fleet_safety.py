@@ -20,12 +20,12 @@ from schemas.protocol import FLEET
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import sweep
 from tests.api_server import ApiFactory, RunningApi, api_on_thresholds
 from tests.artifact_flows import ROOT, claimed, created, get_job, offer_roots
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import db_fetch
 from workers.leases import expire
-from workers.liveness import sweep
 
 # The presence gap well inside the stale threshold, as in production (5 s and 30 s).
 THRESHOLDS = LivenessThresholds(

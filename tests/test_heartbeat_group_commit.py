@@ -15,6 +15,7 @@ import httpx
 
 from store.engine import make_engine, make_sessionmaker
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import sweep
 from tests.admin_helpers import db_scalar
 from tests.agent.harness import wait_until
 from tests.api_processes import (
@@ -27,7 +28,6 @@ from tests.api_processes import (
 from tests.api_server import ApiFactory
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body
 from tests.services import admin_execute, run_async
-from workers.liveness import sweep
 
 FLUSH_S = 0.2
 

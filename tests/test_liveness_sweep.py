@@ -11,10 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import AUDIT
 from store.engine import make_engine, make_sessionmaker
+from store.liveness_sweep import sweep
 from tests.admin_helpers import decommission
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import HEARTBEAT, NO_BREAKER, NODES, THRESHOLDS, enroll, heartbeat_body, now
-from workers.liveness import sweep
 
 
 def _api(api_factory: ApiFactory) -> RunningApi:

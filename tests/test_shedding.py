@@ -27,13 +27,13 @@ from api.shedding import LoadShedder
 from schemas.protocol import NODES, TELEMETRY
 from store.fleet import beat, shedding_recently
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import sweep
 from tests.admin_helpers import refused
 from tests.api_processes import metric
 from tests.api_server import ApiFactory, api_on_thresholds
 from tests.flows import HEARTBEAT, EnrolledNode, enroll, heartbeat_body, telemetry_body
 from tests.node_locks import HoldNodeLock
 from tests.services import db_fetch
-from workers.liveness import sweep
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20) -> None:

@@ -15,10 +15,10 @@ from store.deployments.rules import ReconcilePolicy
 from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
+from store.liveness_sweep import sweep
 from workers.database import Database
 from workers.deployments import reconcile
 from workers.leases import expire
-from workers.liveness import sweep
 from workers.outbox_retention import prune_outbox
 
 logger = logging.getLogger("modelforge.workers")

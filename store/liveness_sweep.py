@@ -1,4 +1,7 @@
 """Liveness sweep: record online -> stale -> offline transitions as their thresholds pass.
+A rule of the store beside lease expiry (store/leases.py); the workers only schedule it
+(workers/actors.py). Apart from store/liveness.py because it reads the fleet's safety
+(store/fleet.py), which itself reads liveness.
 
 Safe with any number of concurrent sweepers: candidate rows are claimed with
 FOR UPDATE SKIP LOCKED, each node's event lock is only *tried* (a node busy with a
