@@ -1,7 +1,8 @@
 """Secrets: generation, wire format, digests and constant-time comparison, for every
-secret ModelForge issues or checks: enrollment tokens and node credentials (the rules in
-store/enrollment.py, store/node_credentials.py, store/tokens.py), service clients
-(api/gateway/auth.py), the operator key (api/deps.py). Pure functions, in store/ so that
+secret ModelForge issues or checks: enrollment tokens, node credentials and service
+clients (the rules in store/enrollment.py, store/node_credentials.py, store/tokens.py,
+store/deployments/service_clients.py; the gateway parses its header in
+api/gateway/auth.py), the operator key (api/deps.py). Pure functions, in store/ so that
 the rules and the API both reach them; the prefixes and lengths are schemas/protocol.py's.
 
 Wire format ``<prefix>.<id hex>.<secret>``, parsed byte for byte (schemas/protocol.py:

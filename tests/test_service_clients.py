@@ -19,6 +19,7 @@ import pytest
 from api.errors import ApiError
 from api.gateway.auth import client_scope
 from api.gateway.scope import ClientScope
+from schemas.events import OPERATOR_ACTOR
 from schemas.protocol import (
     AUDIT,
     GATEWAY_MODELS,
@@ -26,7 +27,10 @@ from schemas.protocol import (
     SERVICE_CLIENTS,
     secret_pattern,
 )
+from schemas.service_clients import ServiceClientCreate
 from store import secrets
+from store.deployments import service_clients
+from store.deployments.service_clients import IssuedClient
 from store.errors import StoreError
 from store.secrets import PresentedSecret
 from tests.admin_helpers import audit, db_scalar, ok, refused
@@ -236,6 +240,35 @@ def test_rotation_retires_the_old_secret_at_once(api: RunningApi) -> None:
             "state_conflict",
         )
         assert authenticate(api, bearer(new)) == "credential_revoked"
+
+
+def test_the_store_issues_the_secret_and_keeps_only_its_digest(api: RunningApi) -> None:
+    """Issuing is the store's rule (store/deployments/service_clients.py), as for
+    enrollment tokens and node credentials: create and rotate each hand back the secret to
+    show once; a rotation keeps the client's id and retires the old secret."""
+
+    async def create_then_rotate() -> tuple[IssuedClient, IssuedClient]:
+        body = ServiceClientCreate(name="store-issued", models=["smollm2-135m"])
+        async with api.state.sessions() as session, session.begin():
+            created = await service_clients.create(session, body, actor=OPERATOR_ACTOR)
+        async with api.state.sessions() as session, session.begin():
+            rotated = await service_clients.rotate(session, created.client.id, actor=OPERATOR_ACTOR)
+        return created, rotated
+
+    created, rotated = on_api(api, create_then_rotate())
+    match = secret_pattern(SERVICE_CLIENT_PREFIX).fullmatch(created.secret)
+    assert match and uuid.UUID(hex=match.group(1)) == created.client.id
+    assert rotated.client.id == created.client.id and rotated.secret != created.secret
+    assert rotated.secret.split(".")[1] == created.secret.split(".")[1]
+    stored = db_scalar(
+        api.settings.database_url,
+        "SELECT digest FROM service_clients WHERE id = :id",
+        id=created.client.id,
+    )
+    assert bytes(stored) == hashlib.sha256(secret_part(rotated.secret).encode()).digest()
+    assert authenticate(api, bearer(created.secret)) == "credential_invalid"
+    scope = authenticate(api, bearer(rotated.secret))
+    assert isinstance(scope, ClientScope) and scope.client_id == created.client.id
 
 
 def test_revoke(api: RunningApi) -> None:

@@ -1,7 +1,7 @@
 """Operator routes for service clients, the gateway's callers (create, list, get,
-rotate, revoke). The secret is issued here, in the API layer (api/gateway/auth.py:
-issue_secret), shown once by create and rotate, and only its digest reaches the store
-(store/deployments/service_clients.py). Included in the admin router (operator check)."""
+rotate, revoke). The secret is issued by the store's rule
+(store/deployments/service_clients.py) and shown once, by create and rotate; only its
+digest is kept. Included in the admin router (operator check)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from fastapi import APIRouter, status
 
 from api.deps import AdminTransaction
 from api.errors import error_responses
-from api.gateway.auth import issue_secret
 from schemas.admin import PageLimit
 from schemas.events import OPERATOR_ACTOR
 from schemas.protocol import SERVICE_CLIENTS
@@ -24,6 +23,7 @@ from schemas.service_clients import (
 )
 from store.deployments import service_clients
 from store.deployments.service_client_tables import ServiceClient
+from store.deployments.service_clients import IssuedClient
 
 router = APIRouter()
 
@@ -43,8 +43,8 @@ def client_view(client: ServiceClient) -> ServiceClientView:
     )
 
 
-def created_view(client: ServiceClient, secret: str) -> ServiceClientCreated:
-    return ServiceClientCreated(**client_view(client).model_dump(), secret=secret)
+def created_view(issued: IssuedClient) -> ServiceClientCreated:
+    return ServiceClientCreated(**client_view(issued.client).model_dump(), secret=issued.secret)
 
 
 @router.post(SERVICE_CLIENTS, status_code=status.HTTP_201_CREATED)
@@ -52,11 +52,8 @@ async def create_service_client(
     body: ServiceClientCreate, session: AdminTransaction
 ) -> ServiceClientCreated:
     """The secret is in this answer only; it is never shown again."""
-    issued = issue_secret()
-    client = await service_clients.create(
-        session, body, client_id=issued.id, digest=issued.digest, actor=OPERATOR_ACTOR
-    )
-    return created_view(client, issued.wire)
+    issued = await service_clients.create(session, body, actor=OPERATOR_ACTOR)
+    return created_view(issued)
 
 
 @router.get(SERVICE_CLIENTS)
@@ -80,11 +77,8 @@ async def rotate_service_client(
     client_id: uuid.UUID, session: AdminTransaction
 ) -> ServiceClientCreated:
     """A new secret, shown once; the old one stops working when this answers."""
-    issued = issue_secret(client_id)
-    client = await service_clients.rotate(
-        session, client_id, digest=issued.digest, actor=OPERATOR_ACTOR
-    )
-    return created_view(client, issued.wire)
+    issued = await service_clients.rotate(session, client_id, actor=OPERATOR_ACTOR)
+    return created_view(issued)
 
 
 @router.post(SERVICE_CLIENTS + "/{client_id}/revoke", responses=error_responses(404, 409))

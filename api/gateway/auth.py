@@ -1,11 +1,12 @@
-"""Service-client authentication for the gateway, and the issuing of their secrets.
+"""Service-client authentication for the gateway; their secrets are issued, and checked,
+by the store's rules (store/deployments/service_clients.py).
 
 A gateway call carries `Authorization: Bearer mfs.<client id>.<secret>`. Anything else
 is refused before the database is read: no header (credential_missing), or a value that
 is not a service client's, such as a node credential (`mfn…`) or the operator key
 (credential_malformed). The rest is one short transaction that only reads: the client by
-primary key, the digest compared in constant time (store/deployments/service_clients.py), a revoked
-client refused (credential_revoked).
+primary key, the digest compared in constant time, a revoked client refused
+(credential_revoked).
 
 An admitted client is remembered by this process (api/gateway/cache.py), kept true by
 LISTEN: a revocation (or a rotation) is seen by every API process within milliseconds of
@@ -15,7 +16,6 @@ that made it.
 
 from __future__ import annotations
 
-import uuid
 from typing import Annotated
 
 from fastapi import Depends, Security
@@ -37,12 +37,6 @@ SERVICE_CLIENT_BEARER = BearerHeader(
     f"A service client's secret ({SERVICE_CLIENT_PREFIX}.<client id>.<secret>, shown once "
     "when an operator creates or rotates the client); the gateway routes.",
 )
-
-
-def issue_secret(client_id: uuid.UUID | None = None) -> secrets.IssuedSecret:
-    """A new service client secret; for a rotation, under the client's own id (the id
-    in the wire format is the client's primary key)."""
-    return secrets.issue(SERVICE_CLIENT_PREFIX, client_id)
 
 
 def presented_secret(authorization: str | None) -> secrets.PresentedSecret:

@@ -1,11 +1,11 @@
 """Service clients, the gateway's callers: create, list, get, rotate, revoke, and the
 check the gateway makes on every call (api/gateway/auth.py).
 
-Only a digest is kept. The secret is issued by the operator route (store/secrets.py,
-through api/gateway/auth.py: issue_secret), shown once, and only its digest comes here.
-The id in the wire format is the client's primary key; a rotation keeps the id and
-replaces the digest in the same transaction, so the old secret stops working the moment
-the rotation commits.
+The secret is issued here (store/secrets.py), as enrollment tokens and node credentials
+are (store/tokens.py, store/node_credentials.py): create and rotate hand it back to be
+shown once, and only its digest is kept. The id in the wire format is the client's
+primary key; a rotation keeps the id and replaces the digest in the same transaction, so
+the old secret stops working the moment the rotation commits.
 """
 
 from __future__ import annotations
@@ -13,19 +13,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.errors import ErrorCode
 from schemas.events import EventType, ServiceClientEvent
+from schemas.protocol import SERVICE_CLIENT_PREFIX
 from schemas.service_clients import ServiceClientCreate, ServiceClientState
-from store import changes, nodes, session_notes
+from store import changes, nodes, secrets, session_notes
 from store.deployments.service_client_tables import ServiceClient
 from store.errors import Conflict, Missing, Unauthenticated
 
 # Compared against when no row exists, so an unknown id costs what a wrong secret does.
 _DUMMY_DIGEST = hashlib.sha256(b"modelforge-dummy-service-client").digest()
+
+
+@dataclass(frozen=True)
+class IssuedClient:
+    """A client and the secret it was just issued, in its wire format: for the one
+    answer that shows it; only its digest is stored."""
+
+    client: ServiceClient
+    secret: str
 
 
 def state_of(client: ServiceClient) -> ServiceClientState:
@@ -36,18 +47,12 @@ def _event(client: ServiceClient) -> ServiceClientEvent:
     return ServiceClientEvent(client_id=client.id, name=client.name)
 
 
-async def create(
-    session: AsyncSession,
-    body: ServiceClientCreate,
-    *,
-    client_id: uuid.UUID,
-    digest: bytes,
-    actor: str,
-) -> ServiceClient:
+async def create(session: AsyncSession, body: ServiceClientCreate, *, actor: str) -> IssuedClient:
+    issued = secrets.issue(SERVICE_CLIENT_PREFIX)
     client = ServiceClient(
-        id=client_id,
+        id=issued.id,
         name=body.name,
-        digest=digest,
+        digest=issued.digest,
         models=list(body.models),
         roles=list(body.roles),
         max_concurrent=body.max_concurrent,
@@ -58,7 +63,7 @@ async def create(
     )
     session.add(client)
     changes.record(session, EventType.SERVICE_CLIENT_CREATED, _event(client), actor=actor)
-    return client
+    return IssuedClient(client, issued.wire)
 
 
 async def clients(
@@ -86,18 +91,18 @@ async def get(
     return client
 
 
-async def rotate(
-    session: AsyncSession, client_id: uuid.UUID, *, digest: bytes, actor: str
-) -> ServiceClient:
-    """A new secret (its digest); the old one stops working when this commits."""
+async def rotate(session: AsyncSession, client_id: uuid.UUID, *, actor: str) -> IssuedClient:
+    """A new secret under the client's own id; the old one stops working when this
+    commits."""
     client = await get(session, client_id, for_update=True)
     if client.revoked_at is not None:
         raise Conflict("the service client was revoked", code=ErrorCode.STATE_CONFLICT)
-    client.digest = digest
+    issued = secrets.issue(SERVICE_CLIENT_PREFIX, client.id)
+    client.digest = issued.digest
     session_notes.note(session, session_notes.SERVICE_CLIENT, client.id)
     client.rotated_at = await nodes.now(session)
     changes.record(session, EventType.SERVICE_CLIENT_ROTATED, _event(client), actor=actor)
-    return client
+    return IssuedClient(client, issued.wire)
 
 
 async def revoke(session: AsyncSession, client_id: uuid.UUID, *, actor: str) -> ServiceClient:
