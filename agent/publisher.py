@@ -18,7 +18,8 @@ payload: one log line, no retry, and the next publication goes at the next inter
 the next sequence number (an inventory refused as it is is not sent again until it
 changes or is due). A replayed sequence (409 sequence_replayed) means the local cursor
 is behind the server's (a restored state dir): the cursor jumps past the server's, is
-persisted, and the sample is sent again.
+persisted, and the sample is sent again (agent/sequencing.py, the rule of every stream
+the node sends).
 
 401/403 and fatal 409s stop all three loops; `run` returns that error. Nothing is sent
 after the stop event is set.
@@ -45,7 +46,6 @@ from agent.collectors.host import HostTelemetry
 from agent.diagnostics import failure_line
 from agent.errors import (
     AgentError,
-    Conflict,
     Rejected,
     RejectionKind,
     RequestFailed,
@@ -55,6 +55,7 @@ from agent.errors import (
     stops_publishing,
 )
 from agent.retry import Stopped, interruptible_sleep, retry_transient
+from agent.sequencing import send_sequenced
 from agent.state import Sequences
 from schemas.agent import (
     PROTOCOL_VERSION,
@@ -69,10 +70,6 @@ from schemas.errors import ErrorCode
 logger = logging.getLogger("modelforge.agent")
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
-REPLAY_JUMPS = 3
-# A replay answer without the server's cursor: skip 1024, then 1024**2, then 1024**3
-# ahead. Sequences must rise, not be contiguous, and 2**63 leaves room for any skip.
-UNKNOWN_CURSOR_SKIP = 1024
 
 
 class HostSource(Protocol):
@@ -341,36 +338,9 @@ class Publisher:
     async def _sequenced(
         self, stream: str, send: Callable[[int], Awaitable[IngestResult]]
     ) -> IngestResult:
-        replayed: Conflict | None = None
-        for jump in range(REPLAY_JUMPS):
-            sequence = self.sequences.take(stream)
-            try:
-                result = await send(sequence)
-            except Conflict as conflict:
-                if conflict.code != ErrorCode.SEQUENCE_REPLAYED:
-                    raise
-                replayed = conflict
-                if conflict.cursor is not None:
-                    cursor, known = conflict.cursor, f"server cursor {conflict.cursor}"
-                else:
-                    # Something between us and the API dropped the cursor: skip ahead,
-                    # further each time, rather than crawl up one by one.
-                    cursor = sequence + UNKNOWN_CURSOR_SKIP ** (jump + 1)
-                    known = "server cursor not reported"
-                logger.warning(
-                    "%s%s sequence %d was already received (%s): the local cursor was "
-                    "behind (a restored state dir?); moving past it",
-                    self.prefix,
-                    stream,
-                    sequence,
-                    known,
-                )
-                self.sequences.advance_past(stream, cursor)
-                continue
-            self._note_applied(stream, result)
-            return result
-        assert replayed is not None
-        raise replayed
+        result = await send_sequenced(self.sequences, stream, send, prefix=self.prefix)
+        self._note_applied(stream, result)
+        return result
 
     def _note_applied(self, stream: str, result: IngestResult) -> None:
         reason = result.reason.value if result.reason is not None else None

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -113,10 +113,41 @@ def _private(path: Path, mode: int) -> None:
         path.chmod(mode)
 
 
+class CursorFile:
+    """Per stream, the highest sequence number reserved so far, in one JSON file replaced
+    atomically: the agent's cursors.json, and the runtime worker's in its run dir (each
+    process its own file, so neither overwrites the other's streams)."""
+
+    def __init__(self, path: Path, streams: tuple[str, ...]) -> None:
+        self.path = path
+        self.streams = streams
+
+    def load_cursors(self) -> dict[str, int]:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return dict.fromkeys(self.streams, 0)
+        except (OSError, ValueError) as exc:
+            raise StateError(f"{self.path} is unreadable ({type(exc).__name__})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise StateError(f"{self.path} has an unknown format")
+        cursors = {}
+        for stream in self.streams:
+            value = data.get(stream, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise StateError(f"{self.path}: bad cursor for {stream}")
+            cursors[stream] = value
+        return cursors
+
+    def save_cursors(self, cursors: dict[str, int]) -> None:
+        atomic_write(self.path, _dump({"format": FORMAT, **cursors}))
+
+
 class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock_fd: int | None = None
+        self._cursors = CursorFile(self.cursors_path, STREAMS)
 
     @property
     def identity_path(self) -> Path:
@@ -192,21 +223,10 @@ class StateDir:
             atomic_write(self.identity_path, _dump(identity.to_json()))
 
     def load_cursors(self) -> dict[str, int]:
-        data = self._read_json(self.cursors_path)
-        if data is None:
-            return dict.fromkeys(STREAMS, 0)
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise StateError(f"{self.cursors_path} has an unknown format")
-        cursors = {}
-        for stream in STREAMS:
-            value = data.get(stream, 0)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise StateError(f"{self.cursors_path}: bad cursor for {stream}")
-            cursors[stream] = value
-        return cursors
+        return self._cursors.load_cursors()
 
     def save_cursors(self, cursors: dict[str, int]) -> None:
-        atomic_write(self.cursors_path, _dump({"format": FORMAT, **cursors}))
+        self._cursors.save_cursors(cursors)
 
     def install_credential(self, text: str) -> Identity:
         """Replace the credential of the enrolled identity (after a rotation).
@@ -265,17 +285,31 @@ def _dump(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-class Sequences:
-    """Per-stream sequence numbers that never go backwards, across crashes too.
+class CursorStore(Protocol):
+    """Where a node's process keeps its streams' reserved marks (StateDir, CursorFile)."""
 
-    With a state dir, the end of each reserved block is persisted before the block is
+    def load_cursors(self) -> dict[str, int]: ...
+    def save_cursors(self, cursors: dict[str, int]) -> None: ...
+
+
+class Sequences:
+    """Per-stream sequence numbers that never go backwards, across crashes too: the
+    agent's streams (its state dir) and the runtime worker's report (its run dir).
+
+    With a store, the end of each reserved block is persisted before the block is
     used. Without one (the fleet simulator), numbers live in memory only.
     """
 
-    def __init__(self, state: StateDir | None = None, *, block: int = 64) -> None:
+    def __init__(
+        self,
+        state: CursorStore | None = None,
+        *,
+        block: int = 64,
+        streams: tuple[str, ...] = STREAMS,
+    ) -> None:
         self._state = state
         self._block = block
-        self._reserved = state.load_cursors() if state else dict.fromkeys(STREAMS, 0)
+        self._reserved = state.load_cursors() if state else dict.fromkeys(streams, 0)
         # Start above everything a previous run may have used.
         self._next = {stream: mark + 1 for stream, mark in self._reserved.items()}
 

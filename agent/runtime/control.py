@@ -3,8 +3,9 @@ from the agent's state dir: the runtime report stream, and the runtime jobs.
 
 * **Report** (`PUT …/agent/runtime`): devices, served and loaded models, queue depths
   and the binary it runs (its sha256 and version: a RuntimeEnvironment). Sent at start,
-  every `report_interval_s`, and soon after anything changed. Sequences come from a file
-  in the run dir, reserved in blocks, so a restart never reuses one (like the agent's).
+  every `report_interval_s`, and soon after anything changed. Its sequences are the
+  agent's (agent/state.py: Sequences, reserved in blocks in a cursor file in the run dir,
+  so a restart never reuses one) under the agent's replay rule (agent/sequencing.py).
 * **Jobs** of every runtime kind are claimed from `…/runtime-probes/next`, and those of
   every deployment kind (agent/runtime/deployments.py) from `…/deployment-jobs/next`,
   each by its own claim loop (agent/jobs/loop.py) when a job's notification wakes it
@@ -29,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.client import ProtocolClient
-from agent.errors import Conflict, RequestFailed, log_unexpected
+from agent.errors import RequestFailed, StateError, log_unexpected
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, wait_for_wake
 from agent.runtime.channel import RuntimeChannel
@@ -39,40 +40,43 @@ from agent.runtime.invoke import Invokes
 from agent.runtime.jobs import RUNTIME_KINDS, RuntimeJob, RuntimeReports
 from agent.runtime.probe import ProbeRun
 from agent.runtime.worker import RuntimeWorker
-from agent.state import atomic_write
+from agent.sequencing import send_sequenced
+from agent.state import CursorFile, Sequences
+from schemas.agent import IngestResult
+from schemas.protocol import StreamName
 from schemas.runtime import EnvironmentReport, ProbeClaim
 from schemas.runtime_local import RuntimeReport
 
 logger = logging.getLogger("modelforge.runtime.control")
 
-SEQUENCE_BLOCK = 64
+# The report stream's cursor in the run dir (agent/state.py: CursorFile), and the file
+# a worker before it kept instead: the end of its reserved block, one number.
+CURSORS_FILE = "runtime.cursors.json"
+EARLIER_SEQUENCE_FILE = "runtime.sequence"
+STREAMS: tuple[str, ...] = (StreamName.RUNTIME,)
 
 
-class SequenceFile:
-    """Monotonic sequence numbers that survive restarts: the file holds the end of the
-    reserved block (a crash skips at most a block, never repeats a number)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self._next = int(path.read_text().strip() or 0) + 1
-        except (OSError, ValueError):
-            self._next = 1
-        self._reserved = self._next - 1
-
-    def advance_past(self, cursor: int) -> None:
-        """The control plane has seen up to cursor (the run dir was lost): jump past it."""
-        if cursor >= self._next:
-            self._next = cursor + 1
-            self._reserved = self._next - 1  # the next take reserves a block past it
-
-    def take(self) -> int:
-        if self._next > self._reserved:
-            self._reserved = self._next + SEQUENCE_BLOCK - 1
-            atomic_write(self.path, f"{self._reserved}\n".encode())
-        value = self._next
-        self._next += 1
-        return value
+def runtime_sequences(run_dir: Path) -> Sequences:
+    """The report stream's sequences, persisted in the run dir. A worker upgraded in
+    place takes over its earlier sequence file first, so it never reuses a number it
+    sent; a file it cannot read starts the stream over, as a lost run dir does (the
+    server's replay answer moves it past)."""
+    cursors = CursorFile(run_dir / CURSORS_FILE, STREAMS)
+    earlier = run_dir / EARLIER_SEQUENCE_FILE
+    if earlier.exists():
+        if not cursors.path.exists():
+            try:
+                mark = int(earlier.read_text().strip() or 0)
+            except (OSError, ValueError):
+                mark = 0
+            cursors.save_cursors({StreamName.RUNTIME: max(mark, 0)})
+        earlier.unlink()
+    try:
+        cursors.load_cursors()
+    except StateError as exc:
+        logger.warning("%s: the report stream starts over", exc)
+        cursors.save_cursors(dict.fromkeys(STREAMS, 0))
+    return Sequences(cursors, streams=STREAMS)
 
 
 def binary_environment(binary: Path, backend: str) -> EnvironmentReport:
@@ -105,7 +109,7 @@ class ControlPlane:
         self.client = client
         self.node_id = node_id
         self.environment = environment
-        self.sequences = SequenceFile(worker.config.run_dir / "runtime.sequence")
+        self.sequences = runtime_sequences(worker.config.run_dir)
         # Read again before every report: the agent may have installed a rotated one.
         self._credential = credential
         self.changed = worker.changed
@@ -114,11 +118,11 @@ class ControlPlane:
         self.deployment_reports = DeploymentReports(client)
         self.invokes = Invokes(worker, client)
 
-    def report(self) -> RuntimeReport:
+    def report(self, sequence: int) -> RuntimeReport:
         inventory = self.worker.inventory()
         return RuntimeReport(
             node_id=self.node_id,
-            sequence=self.sequences.take(),
+            sequence=sequence,
             observed_at=datetime.now(UTC),
             devices=inventory.devices,
             served_models=inventory.served_models,
@@ -132,15 +136,12 @@ class ControlPlane:
         if current and current != self.client.credential:
             logger.info("using the node's new credential from the agent's state dir")
             self.client.credential = current
+
+        async def put(sequence: int) -> IngestResult:
+            return await self.client.put_runtime(self.report(sequence))
+
         try:
-            try:
-                await self.client.put_runtime(self.report())
-            except Conflict as replayed:
-                if replayed.cursor is None:
-                    raise
-                # Our sequence file is behind the stream (a new run dir): catch up once.
-                self.sequences.advance_past(replayed.cursor)
-                await self.client.put_runtime(self.report())
+            await send_sequenced(self.sequences, StreamName.RUNTIME, put)
         except RequestFailed as exc:
             kind = f"{type(exc).__name__}: {exc}"
             if self._refused != kind:

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from agent.client import ProtocolClient, make_http_client
-from agent.publisher import UNKNOWN_CURSOR_SKIP, Publisher, Timing
+from agent.publisher import Publisher, Timing
+from agent.sequencing import UNKNOWN_CURSOR_SKIP
 from agent.state import Sequences, StateDir
 from schemas.agent import InventoryReport, TelemetryReport
 from tests.agent.proxy import CLOSE, FaultProxy, Scripted, Seen
