@@ -11,6 +11,10 @@ authenticate against the database, then the store's rule (store/heartbeat.py:
 record_heartbeat): one UPDATE, and the node lock plus an event only when something
 changed. After it commits, the node is remembered in the cache, so its next heartbeat
 is routine.
+
+The route's dependency (`HeartbeatContext`) picks the way before the body is read: the
+cache for a node it holds, else the return batch, shed while the transactional path is
+overloaded (api/shedding.py).
 """
 
 from __future__ import annotations
