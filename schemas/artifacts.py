@@ -239,7 +239,7 @@ class CompleteAnswer(WireModel):
     mismatches: list[str] = []
 
 
-ARTIFACT_JOBS: Final = JobFamily(
+ARTIFACT_FAMILY: Final = JobFamily(
     name="artifact",
     next=ARTIFACT_JOBS_NEXT,
     progress_path=ARTIFACT_JOB_PROGRESS,

@@ -312,12 +312,12 @@ class UnloadJobView(JobView):
     result: UnloadResult | None
 
 
-DeploymentJobView = Annotated[
-    LoadJobView | HealthJobView | DrainJobView | UnloadJobView, Field(discriminator="kind")
-]
+# A deployment job of any kind, as an operator sees it, by `kind`.
+DeploymentKindView = LoadJobView | HealthJobView | DrainJobView | UnloadJobView
+DeploymentJobView = Annotated[DeploymentKindView, Field(discriminator="kind")]
 
 
-DEPLOYMENT_JOBS: Final = JobFamily(
+DEPLOYMENT_FAMILY: Final = JobFamily(
     name="deployment",
     next=DEPLOYMENT_JOBS_NEXT,
     progress_path=DEPLOYMENT_JOB_PROGRESS,
@@ -374,7 +374,7 @@ DEPLOYMENT_JOBS: Final = JobFamily(
 )
 
 # Every kind the runtime worker claims through …/deployment-jobs/next.
-KINDS: Final = DEPLOYMENT_JOBS.kinds
+KINDS: Final = DEPLOYMENT_FAMILY.kinds
 
 
 class DeploymentJobList(WireModel):

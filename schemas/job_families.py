@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from schemas.artifacts import ARTIFACT_JOBS
-from schemas.deployments import DEPLOYMENT_JOBS
+from schemas.artifacts import ARTIFACT_FAMILY
+from schemas.deployments import DEPLOYMENT_FAMILY
 from schemas.jobs import JobType
-from schemas.runtime import RUNTIME_JOBS
+from schemas.runtime import RUNTIME_FAMILY
 
-FAMILIES: Final = (ARTIFACT_JOBS, RUNTIME_JOBS, DEPLOYMENT_JOBS)
+FAMILIES: Final = (ARTIFACT_FAMILY, RUNTIME_FAMILY, DEPLOYMENT_FAMILY)
 
 
 def job_type(kind: str) -> JobType:

@@ -10,8 +10,8 @@ kind-specific parts (what the job carries, what its completion proves) live in t
 own modules (schemas/artifacts.py).
 
 Each family of kinds is declared once, as a JobFamily beside its own wire types
-(schemas/artifacts.py: ARTIFACT_JOBS, schemas/runtime.py: RUNTIME_JOBS,
-schemas/deployments.py: DEPLOYMENT_JOBS; all of them in schemas/job_families.py): its
+(schemas/artifacts.py: ARTIFACT_FAMILY, schemas/runtime.py: RUNTIME_FAMILY,
+schemas/deployments.py: DEPLOYMENT_FAMILY; all of them in schemas/job_families.py): its
 routes, the claim, progress, completion and result of each kind, its view and the
 capability a node advertises for it. The API's agent routes (api/agent/jobs.py), the
 admin view, the results table and the store's per-kind checks are derived from it. The

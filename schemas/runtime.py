@@ -485,12 +485,11 @@ class UnloadJobView(JobView):
 
 
 # A runtime job of any kind, as an operator sees it: the shared JobView, by `kind`.
-RuntimeJobView = Annotated[
-    ProbeJobView | HealthJobView | UnloadJobView, Field(discriminator="kind")
-]
+RuntimeKindView = ProbeJobView | HealthJobView | UnloadJobView
+RuntimeJobView = Annotated[RuntimeKindView, Field(discriminator="kind")]
 
 
-RUNTIME_JOBS: Final = JobFamily(
+RUNTIME_FAMILY: Final = JobFamily(
     name="runtime",
     next=RUNTIME_JOBS_NEXT,
     progress_path=RUNTIME_JOB_PROGRESS,

@@ -199,8 +199,3 @@ async def node_artifacts(session: AsyncSession, node_id: uuid.UUID) -> list[Node
         .scalars()
         .all()
     )
-
-
-async def get_job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
-    job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
-    return job if job is not None and job.kind == JobKind.ARTIFACT_ACQUIRE else None

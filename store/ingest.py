@@ -9,7 +9,7 @@ replay is refused as a Conflict (409, sequence_replayed).
 The server-received time of a sample is the database clock when its stream row is
 locked: one statement reads the cursor and the time, whichever way the node was
 authenticated (the node cache or the database, api/deps.py). The API's routes call
-these (api/agent/routes.py, api/agent/runtime.py), and a cached node's telemetry joins
+these (api/agent/routes.py), and a cached node's telemetry joins
 a batch (api/telemetry_batch.py: ingest_telemetry_batch here).
 """
 

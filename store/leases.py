@@ -1,8 +1,7 @@
 """Leases on jobs: claim, fence, extend, settle and expire, for every job kind.
 
-The agent routes of each kind (api/agent/artifact_jobs.py, and the runtime and
-deployment routes after it) and the lease-expiry worker (workers/leases.py) all go
-through here, so the rules exist once:
+The agent routes of every job family (api/agent/jobs.py) and the lease-expiry worker
+(workers/leases.py) all go through here, so the rules exist once:
 
 * **Claim** picks the node's oldest claimable job of the kind with `FOR UPDATE SKIP
   LOCKED`: any number of concurrent claims hand a job to exactly one of them, and none

@@ -4,8 +4,8 @@ jobs table's own `result` column.
 A result is not progress: progress is the current attempt's latest report, cleared by
 the next claim and overwritten by every report; a result is written once, by the
 completion that ends the job (store/leases.py: complete), and read back as the kind's
-model. The table below is the one place that says which model a kind's result is, so a
-new kind (deployments) adds a line here rather than a key in someone's progress.
+model. Which model a kind's result is comes from the kind's declaration (schemas/jobs.py:
+JobType.result), so a new kind adds nothing here.
 """
 
 from __future__ import annotations
@@ -13,24 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, TypeVar
 
-from schemas.artifacts import ArtifactResult
 from schemas.base import WireModel
-from schemas.deployments import DrainResult, LoadResult
-from schemas.deployments import HealthResult as DeploymentHealthResult
-from schemas.deployments import UnloadResult as DeploymentUnloadResult
-from schemas.jobs import JobKind
-from schemas.runtime import HealthResult, ProbeResult, UnloadResult
+from schemas.job_families import FAMILIES
+from schemas.jobs import JobKind, JobType
 from store.models import Job
 
 RESULTS: Final[Mapping[JobKind, type[WireModel]]] = {
-    JobKind.ARTIFACT_ACQUIRE: ArtifactResult,
-    JobKind.RUNTIME_PROBE: ProbeResult,
-    JobKind.RUNTIME_HEALTH: HealthResult,
-    JobKind.RUNTIME_UNLOAD: UnloadResult,
-    JobKind.DEPLOYMENT_LOAD: LoadResult,
-    JobKind.DEPLOYMENT_HEALTH: DeploymentHealthResult,
-    JobKind.DEPLOYMENT_DRAIN: DrainResult,
-    JobKind.DEPLOYMENT_UNLOAD: DeploymentUnloadResult,
+    declared.kind: declared.result for family in FAMILIES for declared in family.types
 }
 
 R = TypeVar("R", bound=WireModel)
@@ -38,6 +27,13 @@ R = TypeVar("R", bound=WireModel)
 
 def _model(job: Job) -> type[WireModel]:
     return RESULTS[JobKind(job.kind)]
+
+
+def of_completion(declared: JobType, report: WireModel) -> WireModel:
+    """The result a completion reports: the completion's fields that the kind's result
+    declares (the lease and the kind are the report's, not the result's)."""
+    fields = set(declared.result.model_fields)
+    return declared.result.model_validate(report.model_dump(include=fields))
 
 
 def record(job: Job, result: WireModel) -> None:

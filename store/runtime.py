@@ -25,26 +25,20 @@ from schemas.runtime import (
     DeviceJobCreate,
     DeviceSpec,
     EnvironmentReport,
-    HealthComplete,
-    HealthResult,
     LlamaSettings,
     ProbeComplete,
     ProbeCreate,
     ProbeResult,
     ProbeSpec,
     ResolvedLora,
-    UnloadComplete,
-    UnloadResult,
     VerifiedFile,
 )
 from schemas.runtime_local import RuntimeReport
 from store import changes, leases, nodes
-from store.errors import Invalid, Missing
+from store.errors import Invalid
 from store.models import Job, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
 
-# Every kind the runtime worker claims through …/runtime-probes/next.
-KINDS = (JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD)
 # First key of the advisory lock that numbers a profile name's versions: "mfrp".
 _PROFILE_LOCK = 0x6D667270
 
@@ -289,47 +283,8 @@ async def create_device_job(session: AsyncSession, request: DeviceJobCreate, *, 
     )
 
 
-def spec_of(job: Job) -> ProbeSpec | DeviceSpec:
-    if job.kind == JobKind.RUNTIME_PROBE:
-        return ProbeSpec.model_validate(job.spec)
-    return DeviceSpec.model_validate(job.spec)
-
-
 def probe_spec(job: Job) -> ProbeSpec:
     return ProbeSpec.model_validate(job.spec)
-
-
-async def complete(
-    session: AsyncSession,
-    job: Job,
-    report: ProbeComplete | HealthComplete | UnloadComplete,
-    now: datetime,
-    *,
-    actor: str,
-) -> None:
-    """The report must be of the job's kind (422 otherwise) and becomes its result; a
-    probe's evidence is also stored per (node, device, artifact, profile,
-    environment)."""
-    if report.kind != job.kind:
-        raise Invalid(
-            f"this is a {job.kind} job; the report is a {report.kind} one",
-            code=ErrorCode.VALIDATION_FAILED,
-        )
-    if isinstance(report, ProbeComplete):
-        await complete_probe(session, job, report, now, actor=actor)
-        return
-    result: HealthResult | UnloadResult
-    if isinstance(report, HealthComplete):
-        result = HealthResult(
-            device_id=report.device_id, health=report.health, loaded_model=report.loaded_model
-        )
-    else:
-        result = UnloadResult(
-            device_id=report.device_id,
-            unloaded_model=report.unloaded_model,
-            settle_s=report.settle_s,
-        )
-    leases.complete(session, job, now, result=result, actor=actor)
 
 
 async def complete_probe(
@@ -380,11 +335,3 @@ async def evidence(session: AsyncSession, node_id: uuid.UUID | None) -> list[Run
     if node_id is not None:
         query = query.where(RuntimeEvidence.node_id == node_id)
     return list((await session.execute(query)).scalars().all())
-
-
-async def get_job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
-    """A runtime job of any kind (404 for none, or another kind's)."""
-    job = await leases.get_for_update(session, job_id) if lock else await session.get(Job, job_id)
-    if job is None or job.kind not in {k.value for k in KINDS}:
-        raise Missing(f"no runtime job {job_id}", code=ErrorCode.NOT_FOUND)
-    return job

@@ -73,6 +73,11 @@ def test_load_ready_drain_unloaded_each_step_audited(lifecycle_api: RunningApi) 
         assert drained.status_code == 200 and drained.json()["state"] == "draining"
         claim = claim_deployment_job(client, deployed.node)
         assert claim["kind"] == "deployment.drain.v1" and claim["spec"]["deadline_s"] == 5
+        # A completion of another kind than the job's is refused and changes nothing.
+        other = complete_target(client, deployed.node, {**claim, "kind": "deployment.unload.v1"},
+                                unloaded=True)  # fmt: skip
+        assert other.status_code == 422 and other.json()["code"] == "validation_failed"
+        assert deployment(client, api, deployment_id)["state"] == "draining"
         done = complete_target(client, deployed.node, claim, finished=1, cut=0, settle_s=0.1)
         assert done.status_code == 200, done.text
         assert deployment(client, api, deployment_id)["state"] == "unloaded"

@@ -8,13 +8,13 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.admin.views import artifact_job_view
 from api.deps import AdminTransaction, State
 from api.errors import NotFound, error_responses
 from schemas.admin import PageLimit
 from schemas.artifacts import (
+    ARTIFACT_FAMILY,
     ArtifactFile,
     ArtifactJobList,
     ArtifactJobView,
@@ -25,19 +25,12 @@ from schemas.artifacts import (
 )
 from schemas.base import CountParam
 from schemas.events import OPERATOR_ACTOR
-from schemas.jobs import JobKind, JobState
+from schemas.jobs import JobState
 from schemas.protocol import ARTIFACT_JOBS, NODES
-from store import artifacts, leases, nodes
-from store.models import Job, Node
+from store import artifacts, jobs, leases, nodes
+from store.models import Node
 
 router = APIRouter()
-
-
-async def _job(session: AsyncSession, job_id: uuid.UUID, *, lock: bool = False) -> Job:
-    job = await artifacts.get_job(session, job_id, lock=lock)
-    if job is None:
-        raise NotFound(f"no artifact job {job_id}")
-    return job
 
 
 @router.post(
@@ -71,7 +64,7 @@ async def list_artifact_jobs(
 ) -> ArtifactJobList:
     rows = await leases.list_jobs(
         session,
-        kind=JobKind.ARTIFACT_ACQUIRE,
+        kind=ARTIFACT_FAMILY.kinds,
         node_id=node_id,
         states=state or [],
         limit=limit,
@@ -82,14 +75,14 @@ async def list_artifact_jobs(
 
 @router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
 async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
-    return artifact_job_view(await _job(session, job_id))
+    return artifact_job_view(await jobs.job_of(session, ARTIFACT_FAMILY, job_id))
 
 
 @router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
 async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
     """A queued job ends cancelled at once; a claimed one is told on its next progress
     report (409 once the job has ended)."""
-    job = await _job(session, job_id, lock=True)
+    job = await jobs.job_of(session, ARTIFACT_FAMILY, job_id, lock=True)
     leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
     return artifact_job_view(job)
 

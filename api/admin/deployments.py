@@ -9,30 +9,29 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from api.admin.views import DeploymentKindView, deployment_job_view, deployment_view
+from api.admin.views import deployment_job_view, deployment_view
 from api.deps import AdminTransaction
 from api.errors import error_responses
 from schemas.admin import PageLimit
 from schemas.base import CountParam
 from schemas.deployments import (
+    DEPLOYMENT_FAMILY,
     KINDS,
     DeploymentCreate,
     DeploymentDrain,
     DeploymentJobList,
     DeploymentJobView,
+    DeploymentKindView,
     DeploymentList,
     DeploymentState,
     DeploymentView,
     ServedModel,
 )
-from schemas.errors import ErrorCode
 from schemas.events import OPERATOR_ACTOR
 from schemas.jobs import JobState
 from schemas.protocol import DEPLOYMENT_JOBS, DEPLOYMENTS
-from store import leases
+from store import jobs, leases
 from store.deployments import rules as deployments
-from store.errors import Missing
-from store.models import Job
 
 router = APIRouter()
 MISSING = error_responses(404)
@@ -115,7 +114,4 @@ async def list_deployment_jobs(
 
 @router.get(DEPLOYMENT_JOBS + "/{job_id}", response_model=DeploymentJobView, responses=MISSING)
 async def get_deployment_job(job_id: uuid.UUID, session: AdminTransaction) -> DeploymentKindView:
-    job = await session.get(Job, job_id)
-    if job is None or job.kind not in {k.value for k in KINDS}:
-        raise Missing(f"no deployment job {job_id}", code=ErrorCode.NOT_FOUND)
-    return deployment_job_view(job)
+    return deployment_job_view(await jobs.job_of(session, DEPLOYMENT_FAMILY, job_id))

@@ -25,12 +25,11 @@ from schemas.protocol import (
     RUNTIME_PROFILES,
 )
 from schemas.runtime import (
+    RUNTIME_FAMILY,
     EvidenceList,
     EvidenceView,
-    HealthJobView,
     ProbeCreate,
     ProbeEvidence,
-    ProbeJobView,
     ProfileCreate,
     ProfileName,
     RuntimeEnvironmentList,
@@ -38,13 +37,13 @@ from schemas.runtime import (
     RuntimeJobCreate,
     RuntimeJobList,
     RuntimeJobView,
+    RuntimeKindView,
     RuntimeProfileList,
     RuntimeProfileView,
     ServerHealth,
-    UnloadJobView,
 )
 from schemas.runtime_local import NodeRuntimeView
-from store import leases, nodes, runtime
+from store import jobs, leases, nodes, runtime
 from store.models import Node
 from store.runtime_tables import RuntimeEnvironment, RuntimeProfile
 
@@ -107,17 +106,13 @@ async def list_runtime_environments(session: AdminTransaction) -> RuntimeEnviron
     return RuntimeEnvironmentList(items=[environment_view(e) for e in rows])
 
 
-# What each runtime route answers: a job of any runtime kind, shown by its `kind`.
-AnyRuntimeJob = ProbeJobView | HealthJobView | UnloadJobView
-
-
 @router.post(
     RUNTIME_JOBS,
     status_code=status.HTTP_201_CREATED,
     response_model=RuntimeJobView,
     responses=error_responses(404, 409),
 )
-async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) -> AnyRuntimeJob:
+async def create_runtime_job(body: RuntimeJobCreate, session: AdminTransaction) -> RuntimeKindView:
     """A runtime.probe.v1 job (the default kind): the artifact resolved from the node's
     artifact inventory, the profile and environment by identity, the fixed probe input.
     Or, by `kind`, a runtime.health.v1 or runtime.unload.v1 job for one device."""
@@ -139,7 +134,7 @@ async def list_runtime_jobs(
     """Runtime jobs of every kind, newest first."""
     rows = await leases.list_jobs(
         session,
-        kind=runtime.KINDS,
+        kind=RUNTIME_FAMILY.kinds,
         node_id=node_id,
         states=state or [],
         limit=limit,
@@ -151,8 +146,8 @@ async def list_runtime_jobs(
 @router.get(
     RUNTIME_JOBS + "/{job_id}", response_model=RuntimeJobView, responses=error_responses(404)
 )
-async def get_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRuntimeJob:
-    return runtime_job_view(await runtime.get_job(session, job_id))
+async def get_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> RuntimeKindView:
+    return runtime_job_view(await jobs.job_of(session, RUNTIME_FAMILY, job_id))
 
 
 @router.post(
@@ -160,8 +155,8 @@ async def get_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRu
     response_model=RuntimeJobView,
     responses=error_responses(404, 409),
 )
-async def cancel_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> AnyRuntimeJob:
-    job = await runtime.get_job(session, job_id, lock=True)
+async def cancel_runtime_job(job_id: uuid.UUID, session: AdminTransaction) -> RuntimeKindView:
+    job = await jobs.job_of(session, RUNTIME_FAMILY, job_id, lock=True)
     leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
     return runtime_job_view(job)
 

@@ -9,9 +9,8 @@ The API, the CLI and the dashboard all read these views, so they agree."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from schemas.admin import (
     GpuInfo,
@@ -23,33 +22,22 @@ from schemas.admin import (
     TelemetryView,
 )
 from schemas.agent import NotAppliedReason
-from schemas.artifacts import ArtifactJobView, ArtifactProgressView, ArtifactResult, ArtifactSpec
-from schemas.base import WireModel
+from schemas.artifacts import ARTIFACT_FAMILY, ArtifactJobView, ArtifactProgressView, ArtifactSpec
 from schemas.deployments import (
+    DEPLOYMENT_FAMILY,
     DeploymentFailure,
+    DeploymentKindView,
     DeploymentState,
     DeploymentView,
-    DrainJobView,
-    LoadJobView,
 )
-from schemas.deployments import HealthJobView as DeploymentHealthJobView
-from schemas.deployments import UnloadJobView as DeploymentUnloadJobView
-from schemas.jobs import JobFailureView, JobKind, JobState, JobView, LeaseView
+from schemas.jobs import JobFailureView, JobFamily, JobKind, JobState, JobView, LeaseView
 from schemas.protocol import StreamName
-from schemas.runtime import (
-    ArtifactRef,
-    HealthJobView,
-    ProbeJobView,
-    RuntimeProgressView,
-    UnloadJobView,
-)
-from store import artifacts, leases, results, runtime
-from store.deployments import rules as deployments
+from schemas.runtime import RUNTIME_FAMILY, ArtifactRef, RuntimeKindView, RuntimeProgressView
+from store import leases, results
 from store.deployments.tables import Deployment
 from store.models import Gpu, Job, Node, NodeStream
 
 V = TypeVar("V", bound=JobView)
-K = TypeVar("K", bound=JobView)
 
 
 def node_summary(node: Node, liveness: str) -> NodeSummary:
@@ -166,15 +154,33 @@ def _ended(job: Job) -> bool:
     return job.state in leases.FINISHED
 
 
-def artifact_job_view(job: Job) -> ArtifactJobView:
-    spec = artifacts.spec_of(job)
+def family_job_view(family: JobFamily, job: Job) -> JobView:
+    """The job as its kind's view, as its family declares it: the kind's spec, its
+    progress as the family shows it, and its result typed by the kind's declaration."""
+    declared = family.of(job.kind)
+    spec = declared.spec.model_validate(job.spec)
+    progress = _artifact_progress(job, spec) if isinstance(spec, ArtifactSpec) else _phase(job)
     return job_view(
-        ArtifactJobView,
-        job,
-        spec=spec,
-        progress=_artifact_progress(job, spec),
-        result=results.read(job, ArtifactResult),
+        declared.view, job, spec=spec, progress=progress, result=results.read(job, declared.result)
     )
+
+
+def artifact_job_view(job: Job) -> ArtifactJobView:
+    view = family_job_view(ARTIFACT_FAMILY, job)
+    assert isinstance(view, ArtifactJobView)
+    return view
+
+
+def runtime_job_view(job: Job) -> RuntimeKindView:
+    view = family_job_view(RUNTIME_FAMILY, job)
+    assert isinstance(view, RuntimeKindView)
+    return view
+
+
+def deployment_job_view(job: Job) -> DeploymentKindView:
+    view = family_job_view(DEPLOYMENT_FAMILY, job)
+    assert isinstance(view, DeploymentKindView)
+    return view
 
 
 def _artifact_progress(job: Job, spec: ArtifactSpec) -> ArtifactProgressView | None:
@@ -210,55 +216,15 @@ def _artifact_progress(job: Job, spec: ArtifactSpec) -> ArtifactProgressView | N
     )
 
 
-# schemas.runtime.RuntimeJobView without its discriminator (a view class, not a field)
-RuntimeKindView = ProbeJobView | HealthJobView | UnloadJobView
-# Each runtime kind's view; its spec is store.runtime.spec_of's, its result the kind's
-# model in store.results.RESULTS.
-_RUNTIME_VIEWS: Final[Mapping[JobKind, type[RuntimeKindView]]] = {
-    JobKind.RUNTIME_PROBE: ProbeJobView,
-    JobKind.RUNTIME_HEALTH: HealthJobView,
-    JobKind.RUNTIME_UNLOAD: UnloadJobView,
-}
-
-
-def runtime_job_view(job: Job) -> RuntimeKindView:
-    return _phased_job_view(job, _RUNTIME_VIEWS, runtime.spec_of(job), "runtime")
-
-
-def _phased_job_view(job: Job, views: Mapping[JobKind, type[K]], spec: WireModel, family: str) -> K:
-    """A job whose progress is a phase (runtime and deployment kinds), as its kind's
-    view: the kind's spec, and its result typed by store.results.RESULTS. The phase is
-    what it is doing now: none once it ended (its state, result or failure say how)."""
-    kind = JobKind(job.kind)
-    view = views.get(kind)
-    if view is None:
-        raise ValueError(f"{job.kind} is not a {family} job")
-    return job_view(
-        view,
-        job,
-        spec=spec,
-        progress=(
-            RuntimeProgressView.model_validate(job.progress)
-            if job.progress and not _ended(job)
-            else None
-        ),
-        result=results.read(job, results.RESULTS[kind]),
-    )
+def _phase(job: Job) -> RuntimeProgressView | None:
+    """A runtime or deployment job's progress: the phase it is in now; none once it
+    ended (its state, result or failure say how)."""
+    if not job.progress or _ended(job):
+        return None
+    return RuntimeProgressView.model_validate(job.progress)
 
 
 # Deployments --------------------------------------------------------------------------------
-
-DeploymentKindView = LoadJobView | DeploymentHealthJobView | DrainJobView | DeploymentUnloadJobView
-_DEPLOYMENT_VIEWS: Final[Mapping[JobKind, type[DeploymentKindView]]] = {
-    JobKind.DEPLOYMENT_LOAD: LoadJobView,
-    JobKind.DEPLOYMENT_HEALTH: DeploymentHealthJobView,
-    JobKind.DEPLOYMENT_DRAIN: DrainJobView,
-    JobKind.DEPLOYMENT_UNLOAD: DeploymentUnloadJobView,
-}
-
-
-def deployment_job_view(job: Job) -> DeploymentKindView:
-    return _phased_job_view(job, _DEPLOYMENT_VIEWS, deployments.spec_of(job), "deployment")
 
 
 def deployment_view(deployment: Deployment) -> DeploymentView:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.agent import artifact_jobs, deployments, notifications, runtime, runtime_channel
+from api.agent import jobs, notifications, runtime_channel
 from api.agent.heartbeat import HeartbeatContext, handle_heartbeat
-from api.deps import IngestTransaction, State, Transaction
+from api.deps import IngestTransaction, NodeTransaction, State, Transaction
 from api.errors import error_responses
 from api.metrics import counted_ingest
 from schemas.agent import (
@@ -18,9 +18,10 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
-from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, TELEMETRY, StreamName
+from schemas.protocol import ENROLL, HEARTBEAT, INVENTORY, RUNTIME, TELEMETRY, StreamName
+from schemas.runtime_local import RuntimeReport
 from store.enrollment import enroll
-from store.ingest import ingest_inventory, ingest_telemetry
+from store.ingest import ingest_inventory, ingest_runtime, ingest_telemetry
 
 # Every agent route: a refused credential or token (401), a protocol version, replay or
 # identity conflict (409), a body too large (413) or malformed (422), the database
@@ -70,8 +71,17 @@ async def telemetry(body: TelemetryReport, request: IngestTransaction) -> Ingest
         )
 
 
-router.include_router(artifact_jobs.router)
-router.include_router(runtime.router)
+@router.put(RUNTIME, responses=NODE_ROUTE)
+async def runtime_report(body: RuntimeReport, request: NodeTransaction) -> IngestResult:
+    """Devices, loaded and served models, queue depths and the binaries it has."""
+    return await ingest_runtime(
+        request.session,
+        request.node,
+        body,
+        future_skew_limit_s=request.state.settings.future_skew_limit_s,
+    )
+
+
+router.include_router(jobs.router)
 router.include_router(notifications.router)
-router.include_router(deployments.router)
 router.include_router(runtime_channel.router)
