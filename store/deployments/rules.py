@@ -154,20 +154,6 @@ def load_spec(deployment: Deployment) -> LoadSpec:
     return LoadSpec.model_validate(deployment.spec)
 
 
-def load_spec_of(job: Job) -> LoadSpec:
-    return LoadSpec.model_validate(job.spec)
-
-
-def target_spec(job: Job) -> TargetSpec:
-    return TargetSpec.model_validate(job.spec)
-
-
-def spec_of(job: Job) -> LoadSpec | TargetSpec:
-    if job.kind == JobKind.DEPLOYMENT_LOAD:
-        return LoadSpec.model_validate(job.spec)
-    return TargetSpec.model_validate(job.spec)
-
-
 # ------------------------------------------------------------------ transitions
 
 
