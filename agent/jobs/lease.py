@@ -15,7 +15,10 @@ must:
   its own safe points through `check()`.
 * **Settle** with complete or fail. The progress reporter is stopped, and a report in
   flight answered (bounded), before the terminal report goes out: once a job is settled
-  nothing more is reported on it.
+  nothing more is reported on it. The terminal report is retried like any other call
+  (agent/retry.py: a transport error, 5xx or 429, with backoff) until the lease, as
+  last renewed, ends: one 503 must not cost the whole work again under a new lease. A
+  409 (the lease moved on) or any other 4xx is final.
 
 A kind subclasses `LeasedJob` with its work and its reports; its report calls are a
 `Reports` (the kind's three protocol routes on the node's client).
@@ -28,10 +31,13 @@ import contextlib
 import logging
 import re
 import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final, Generic, Protocol, TypeVar
 
 from agent.errors import RequestFailed, Transient
+from agent.retry import Stopped, retry_transient
 from schemas.jobs import FailAnswer, Lease, LeaseFence, ProgressAnswer
 
 logger = logging.getLogger("modelforge.agent.jobs")
@@ -39,6 +45,11 @@ logger = logging.getLogger("modelforge.agent.jobs")
 # At most this long for a progress report in flight to be answered before the terminal
 # report goes out (the client's own timeout bounds it too); then it is abandoned.
 SETTLE_WAIT_S = 15.0
+# The backoff of a terminal report's retries (full jitter, agent/retry.py).
+SETTLE_RETRY_INITIAL_S = 0.5
+SETTLE_RETRY_MAX_S = 5.0
+
+T = TypeVar("T")
 
 ProgressT = TypeVar("ProgressT")
 DoneT = TypeVar("DoneT")
@@ -113,6 +124,8 @@ class LeasedJob(Generic[ProgressT, DoneT, FailT]):
         self.reports = reports
         self.name = name
         self.fence = LeaseFence(lease_id=lease.lease_id, epoch=lease.epoch)
+        # When the lease ends unless renewed: each progress answer moves it.
+        self.expires_at = lease.expires_at
         self.report_every_s = min(report_every_s, lease.renew_within_s)
         self.cancelled = asyncio.Event()
         self.lost = asyncio.Event()
@@ -204,14 +217,36 @@ class LeasedJob(Generic[ProgressT, DoneT, FailT]):
                 # 409 (lease stale or expired, job ended), 401/403, 404: not ours now.
                 self.lost.set()
                 return
+            self.expires_at = answer.lease.expires_at
             if answer.cancel_requested:
                 self.cancelled.set()
 
+    async def _settle(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A terminal report, retried while it fails transiently and the lease lasts (by
+        this node's clock, and at least one report interval: a skewed clock costs some
+        retries, never a report the control plane would still take; a lease that moved
+        on answers 409, which is final). Stopped once the lease ended."""
+        left = (self.expires_at - datetime.now(UTC)).total_seconds()
+        ended = asyncio.Event()
+        timer = asyncio.get_running_loop().call_later(max(left, self.report_every_s), ended.set)
+        try:
+            return await retry_transient(
+                operation,
+                call,
+                stop=ended,
+                initial_s=SETTLE_RETRY_INITIAL_S,
+                max_s=SETTLE_RETRY_MAX_S,
+                prefix=f"{self.name}: ",
+            )
+        finally:
+            timer.cancel()
+
     async def _complete(self, report: DoneT) -> str:
         try:
-            await self.reports.complete(self.job_id, report)
-        except RequestFailed as exc:
-            logger.warning("%s: the completion was not accepted (%s)", self.name, exc)
+            await self._settle("complete", lambda: self.reports.complete(self.job_id, report))
+        except (RequestFailed, Stopped) as exc:
+            why = "the lease ended" if isinstance(exc, Stopped) else str(exc)
+            logger.warning("%s: the completion was not accepted (%s)", self.name, why)
             return "completion refused"
         logger.info("%s: complete", self.name)
         return "completed"
@@ -219,10 +254,12 @@ class LeasedJob(Generic[ProgressT, DoneT, FailT]):
     async def _fail(self, failure: Failed) -> str:
         logger.warning("%s: %s (%s)", self.name, failure.code.value, failure.detail)
         self.on_failure(failure)
+        report = self.fail_report(failure)
         try:
-            answer = await self.reports.fail(self.job_id, self.fail_report(failure))
-        except RequestFailed as exc:
-            logger.warning("%s: the failure report was not accepted (%s)", self.name, exc)
+            answer = await self._settle("fail", lambda: self.reports.fail(self.job_id, report))
+        except (RequestFailed, Stopped) as exc:
+            why = "the lease ended" if isinstance(exc, Stopped) else str(exc)
+            logger.warning("%s: the failure report was not accepted (%s)", self.name, why)
             return str(failure.code.value)
         self.on_fail_answer(answer)
         return str(failure.code.value)

@@ -7,13 +7,16 @@ closes the port (connection refused) until start() opens it again.
 
 script(path, ...) queues answers for the next requests to one path, ahead of the mode:
 an error status with its code and `extra` (the body echoed as above), or CLOSE (the
-connection closed without an answer, a transport error). Every request is recorded in
+connection closed without an answer, a transport error); script_matching(pattern, ...)
+does the same for every path the regular expression matches whole (a path that names
+a job not created yet). Every request is recorded in
 `seen`, with the sequence number of its body and what the proxy answered.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ class FaultProxy:
         self.mode = "forward"
         self.seen: list[Seen] = []
         self._scripts: dict[str, list[Scripted]] = {}
+        self._patterns: list[tuple[re.Pattern[str], list[Scripted]]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._client = httpx.Client(base_url=upstream, timeout=30, trust_env=False)
@@ -73,6 +77,10 @@ class FaultProxy:
         with self._lock:
             self._scripts.setdefault(path, []).extend(answers)
 
+    def script_matching(self, pattern: str, *answers: Scripted) -> None:
+        with self._lock:
+            self._patterns.append((re.compile(pattern), list(answers)))
+
     def requests_to(self, path: str) -> list[Seen]:
         with self._lock:
             return [seen for seen in self.seen if seen.path == path]
@@ -80,6 +88,9 @@ class FaultProxy:
     def _next_scripted(self, path: str) -> Scripted | None:
         with self._lock:
             queued = self._scripts.get(path)
+            if not queued:
+                matched = (q for p, q in self._patterns if q and p.fullmatch(path))
+                queued = next(matched, None)
             return queued.pop(0) if queued else None
 
     def _record(self, handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:

@@ -4,17 +4,19 @@ promotes and reports; observed through the admin API as an operator would."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from schemas.protocol import ARTIFACT_JOBS, NODES
+from schemas.protocol import ARTIFACT_JOB_COMPLETE, ARTIFACT_JOBS, NODES
 from stack.embedded_nats import EmbeddedNats
 from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
 from tests.agent.harness import AgentProcess, admin, wait_until
+from tests.agent.proxy import FaultProxy, Scripted
 from tests.api_server import RunningApi
 from tests.artifact_flows import content, file_entry
 from tests.hub_server import HubServer
@@ -72,6 +74,51 @@ def test_a_job_is_fetched_verified_promoted_and_recorded(
     assert again["state"] == "succeeded"
     assert len(hub.state.ranges) == downloads
     agent.wait_for_log(r"job .*: complete")
+
+
+@contextlib.contextmanager
+def completion_answered(
+    answer: Scripted, api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> Iterator[tuple[FaultProxy, AgentProcess, str]]:
+    """An agent behind a proxy that gives the first completion `answer`, and a job for
+    it: (proxy, agent, job id)."""
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    proxy = FaultProxy(api.base_url).start()
+    try:
+        proxy.script_matching(ARTIFACT_JOB_COMPLETE.format(job_id="[0-9a-f-]+"), answer)
+        agent, node_id, root = start_agent(api, agents, hub, tmp_path, api_url=proxy.url)
+        yield proxy, agent, create(api, node_id, root)
+    finally:
+        proxy.close()
+
+
+def test_a_transient_refusal_of_the_completion_is_retried_within_the_lease(
+    job_api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    """The API answers the first completion 503 (a proxy in front of it): the agent sends
+    it again with backoff under the same lease, so the job succeeds on its first attempt
+    with each file downloaded once, instead of waiting out the lease and running again."""
+    unavailable = Scripted(503, "database_unavailable")
+    with completion_answered(unavailable, job_api, agents, hub, tmp_path) as (proxy, agent, job_id):
+        job = ended(job_api, job_id)
+        assert job["state"] == "succeeded", job
+        assert job["attempt"] == 1, "completed under its first lease"
+        path = ARTIFACT_JOB_COMPLETE.format(job_id=job_id)
+        assert [seen.status for seen in proxy.requests_to(path)] == [503, 200]
+        assert sorted(name for name, _ in hub.state.ranges) == sorted(FILES), "one download"
+        agent.wait_for_log(r"complete.*retrying in")
+
+
+def test_a_stale_lease_refusing_the_completion_is_final(
+    job_api: RunningApi, agents: StartAgent, hub: HubServer, tmp_path: Path
+) -> None:
+    """A 409 on the completion (the lease moved on) is not sent again."""
+    stale = Scripted(409, "lease_stale")
+    with completion_answered(stale, job_api, agents, hub, tmp_path) as (proxy, agent, job_id):
+        agent.wait_for_log(r"the completion was not accepted .*status=409")
+        path = ARTIFACT_JOB_COMPLETE.format(job_id=job_id)
+        assert [seen.status for seen in proxy.requests_to(path)] == [409]
+        assert "retrying in" not in agent.output
 
 
 def test_a_resolved_manifest_end_to_end(
