@@ -13,10 +13,13 @@ import pytest
 from agent import CAPABILITIES
 from api.app import create_app
 from api.settings import ApiSettings
+from schemas.artifacts import ARTIFACT_FAMILY
 from schemas.base import WireModel
 from schemas.job_families import FAMILIES, capabilities, job_type
 from schemas.jobs import JobKind
 from schemas.protocol import AGENT_PREFIX
+from store.jobs import RULES
+from store.results import RESULTS
 
 pytestmark = pytest.mark.fast
 
@@ -81,3 +84,20 @@ def test_a_kinds_capability_is_the_one_the_agent_advertises() -> None:
         for declared_type in family.types:
             if declared_type.capability is not None:
                 assert declared_type.capability == declared_type.kind.value
+
+
+def test_every_family_has_its_store_rules_and_every_kind_its_result() -> None:
+    assert set(RULES) == {family.name for family in FAMILIES}
+    for family in FAMILIES:
+        assert RULES[family.name].family is family
+    assert dict(RESULTS) == {t.kind: t.result for f in FAMILIES for t in f.types}
+
+
+def test_a_result_is_what_the_completion_reports() -> None:
+    """store/results.py: of_completion takes the result's fields from the completion; an
+    acquisition's result is its spec's instead (store/artifacts.py: complete)."""
+    for family in FAMILIES:
+        if family is ARTIFACT_FAMILY:
+            continue
+        for declared in family.types:
+            assert set(declared.result.model_fields) <= set(declared.completion.model_fields)
