@@ -218,8 +218,12 @@ class ArtifactJobView(JobView):
     result: ArtifactResult | None
 
 
+# An artifact job of any kind, as an operator sees it (one kind so far).
+ArtifactKindView = ArtifactJobView
+
+
 class ArtifactJobList(WireModel):
-    items: list[ArtifactJobView]
+    items: list[ArtifactKindView]
 
 
 class ArtifactClaim(WireModel):

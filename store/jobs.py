@@ -127,6 +127,7 @@ def _artifact_progress(reported: Reported, report: ProgressReport) -> None:
 
 async def _artifact_completed(reported: Reported, report: CompleteReport) -> CompleteAnswer:
     job = reported.job
+    check_kind(ARTIFACT_FAMILY, job, report)
     mismatches = await artifacts.complete(
         reported.session, job, report, reported.now, reported.leases, actor=reported.actor
     )

@@ -17,7 +17,7 @@ from schemas.artifacts import (
     ARTIFACT_FAMILY,
     ArtifactFile,
     ArtifactJobList,
-    ArtifactJobView,
+    ArtifactKindView,
     CreateArtifactJob,
     CreateFromManifest,
     NodeArtifact,
@@ -41,7 +41,7 @@ router = APIRouter()
 )
 async def create_artifact_job(
     body: CreateArtifactJob, session: AdminTransaction, state: State
-) -> ArtifactJobView:
+) -> ArtifactKindView:
     """Queue an acquisition for a node. With `resolve`, the control plane resolves the
     revision and patterns into an exact manifest first."""
     # Refusals first: nothing is asked of the source for a job that cannot be created.
@@ -74,12 +74,12 @@ async def list_artifact_jobs(
 
 
 @router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
-async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
+async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
     return artifact_job_view(await jobs.job_of(session, ARTIFACT_FAMILY, job_id))
 
 
 @router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
-async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactJobView:
+async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
     """A queued job ends cancelled at once; a claimed one is told on its next progress
     report (409 once the job has ended)."""
     job = await jobs.job_of(session, ARTIFACT_FAMILY, job_id, lock=True)

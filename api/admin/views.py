@@ -22,7 +22,7 @@ from schemas.admin import (
     TelemetryView,
 )
 from schemas.agent import NotAppliedReason
-from schemas.artifacts import ARTIFACT_FAMILY, ArtifactJobView, ArtifactProgressView, ArtifactSpec
+from schemas.artifacts import ARTIFACT_FAMILY, ArtifactKindView, ArtifactProgressView, ArtifactSpec
 from schemas.deployments import (
     DEPLOYMENT_FAMILY,
     DeploymentFailure,
@@ -165,9 +165,9 @@ def family_job_view(family: JobFamily, job: Job) -> JobView:
     )
 
 
-def artifact_job_view(job: Job) -> ArtifactJobView:
+def artifact_job_view(job: Job) -> ArtifactKindView:
     view = family_job_view(ARTIFACT_FAMILY, job)
-    assert isinstance(view, ArtifactJobView)
+    assert isinstance(view, ArtifactKindView)
     return view
 
 
