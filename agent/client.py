@@ -14,13 +14,13 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
-from pydantic import BaseModel, RootModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agent import AGENT_VERSION
 from agent.diagnostics import classify_transport
@@ -44,30 +44,12 @@ from schemas.agent import (
     InventoryReport,
     TelemetryReport,
 )
-from schemas.artifacts import ArtifactClaim, CompleteAnswer, CompleteReport, ProgressReport
 from schemas.base import WireModel
-from schemas.deployments import (
-    DeploymentClaim,
-    DrainComplete,
-    LoadClaim,
-    LoadComplete,
-    TargetClaim,
-)
-from schemas.deployments import HealthComplete as DeploymentHealthComplete
-from schemas.deployments import UnloadComplete as DeploymentUnloadComplete
 from schemas.errors import ErrorCode
-from schemas.jobs import FailAnswer, FailReport, LeaseFence, ProgressAnswer
+from schemas.jobs import FailAnswer, JobFamily, Lease, LeaseFence, ProgressAnswer
 from schemas.protocol import (
     ADMIN_HEADER,
-    ARTIFACT_JOB_COMPLETE,
-    ARTIFACT_JOB_FAIL,
-    ARTIFACT_JOB_PROGRESS,
-    ARTIFACT_JOBS_NEXT,
     CORRELATION_HEADER,
-    DEPLOYMENT_JOB_COMPLETE,
-    DEPLOYMENT_JOB_FAIL,
-    DEPLOYMENT_JOB_PROGRESS,
-    DEPLOYMENT_JOBS_NEXT,
     ENROLL,
     HEARTBEAT,
     INVENTORY,
@@ -77,23 +59,8 @@ from schemas.protocol import (
     INVOKE_STATUS_HEADER,
     INVOKE_STREAM,
     RUNTIME,
-    RUNTIME_JOB_COMPLETE,
-    RUNTIME_JOB_FAIL,
-    RUNTIME_JOB_PROGRESS,
-    RUNTIME_JOBS_NEXT,
     TELEMETRY,
     TOKENS,
-)
-from schemas.runtime import (
-    DeviceJobClaim,
-    HealthComplete,
-    ProbeClaim,
-    ProbeComplete,
-    RuntimeClaim,
-    RuntimeJobFail,
-    RuntimeJobOutcome,
-    RuntimeJobProgress,
-    UnloadComplete,
 )
 from schemas.runtime_local import RuntimeReport
 
@@ -101,6 +68,33 @@ logger = logging.getLogger("modelforge.agent.http")
 
 
 Answer = TypeVar("Answer", bound=BaseModel)
+T = TypeVar("T")
+
+
+class Claim(Protocol):
+    """What every kind's claim carries (schemas/jobs.py: JobType.claim): the job, its
+    kind and attempt, and the lease to report under. Its spec is the kind's own."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def lease(self) -> Lease: ...
+
+
+# One parser per family's claim (a kind's claim, or the kinds' claims by `kind`): built
+# once, as building a TypeAdapter is the costly part.
+_CLAIM_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
+
+
+def _claim_adapter(family: JobFamily) -> TypeAdapter[Any]:
+    adapter = _CLAIM_ADAPTERS.get(family.name)
+    if adapter is None:
+        adapter = _CLAIM_ADAPTERS[family.name] = TypeAdapter(family.claim)
+    return adapter
 
 
 # Longer than the heartbeat interval (a connection is reused from one to the next), and
@@ -233,17 +227,6 @@ def failure_from_response(
     return error
 
 
-class RuntimeClaimAnswer(RootModel[RuntimeClaim]):
-    pass
-
-
-class DeploymentClaimAnswer(RootModel[DeploymentClaim]):
-    pass
-
-
-DeploymentCompletion = (
-    LoadComplete | DeploymentHealthComplete | DrainComplete | DeploymentUnloadComplete
-)
 # An invoke's answer stream: connecting and each write bounded; the wait for the next
 # chunk of llama-server's answer is not (a long answer takes its time).
 INVOKE_STREAM_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
@@ -280,76 +263,34 @@ class ProtocolClient:
     async def put_telemetry(self, report: TelemetryReport) -> IngestResult:
         return await self._call("PUT", TELEMETRY, report, IngestResult)
 
-    async def claim_artifact_job(self) -> ArtifactClaim | None:
-        """The next artifact job and its lease; None when there is nothing to do (204)."""
-        response = await self._send("GET", ARTIFACT_JOBS_NEXT, None)
-        if response.status_code == 204:
-            return None
-        return _parse(ArtifactClaim, response, "GET", ARTIFACT_JOBS_NEXT)
-
-    async def artifact_progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
-        path = ARTIFACT_JOB_PROGRESS.format(job_id=job_id)
-        return await self._call("POST", path, report, ProgressAnswer)
-
-    async def complete_artifact_job(
-        self, job_id: uuid.UUID, report: CompleteReport
-    ) -> CompleteAnswer:
-        path = ARTIFACT_JOB_COMPLETE.format(job_id=job_id)
-        return await self._call("POST", path, report, CompleteAnswer)
-
-    async def fail_artifact_job(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
-        return await self._call("POST", ARTIFACT_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
-
     async def put_runtime(self, report: RuntimeReport) -> IngestResult:
         return await self._call("PUT", RUNTIME, report, IngestResult)
 
-    async def claim_runtime_job(self) -> ProbeClaim | DeviceJobClaim | None:
-        """The next runtime job (any runtime kind) and its lease; None when there is
-        nothing to do (204)."""
-        response = await self._send("GET", RUNTIME_JOBS_NEXT, None)
+    # A job family's four calls, on the routes its declaration names (schemas/jobs.py:
+    # JobFamily): one set for every family, so a new kind needs no call of its own.
+
+    async def claim(self, family: JobFamily) -> Claim | None:
+        """The next job of any of the family's kinds and its lease, parsed as the
+        declared claim (by `kind`); None when there is nothing to do (204)."""
+        response = await self._send("GET", family.next, None)
         if response.status_code == 204:
             return None
-        claim = _parse(RuntimeClaimAnswer, response, "GET", RUNTIME_JOBS_NEXT)
-        return claim.root
+        claim: Claim = _parse(_claim_adapter(family).validate_json, response, "GET", family.next)
+        return claim
 
-    async def runtime_job_progress(
-        self, job_id: uuid.UUID, report: RuntimeJobProgress
+    async def progress(
+        self, family: JobFamily, job_id: uuid.UUID, report: WireModel
     ) -> ProgressAnswer:
-        path = RUNTIME_JOB_PROGRESS.format(job_id=job_id)
+        path = family.progress_path.format(job_id=job_id)
         return await self._call("POST", path, report, ProgressAnswer)
 
-    async def complete_runtime_job(
-        self, job_id: uuid.UUID, report: ProbeComplete | HealthComplete | UnloadComplete
-    ) -> RuntimeJobOutcome:
-        path = RUNTIME_JOB_COMPLETE.format(job_id=job_id)
-        return await self._call("POST", path, report, RuntimeJobOutcome)
+    async def complete(self, family: JobFamily, job_id: uuid.UUID, report: WireModel) -> WireModel:
+        """The completion of the job's kind; the family's declared answer."""
+        path = family.complete_path.format(job_id=job_id)
+        return await self._call("POST", path, report, family.completed)
 
-    async def fail_runtime_job(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
-        return await self._call("POST", RUNTIME_JOB_FAIL.format(job_id=job_id), report, FailAnswer)
-
-    async def claim_deployment_job(self) -> LoadClaim | TargetClaim | None:
-        """The next deployment job (any deployment kind) and its lease; None when there
-        is nothing to do (204)."""
-        response = await self._send("GET", DEPLOYMENT_JOBS_NEXT, None)
-        if response.status_code == 204:
-            return None
-        return _parse(DeploymentClaimAnswer, response, "GET", DEPLOYMENT_JOBS_NEXT).root
-
-    async def deployment_job_progress(
-        self, job_id: uuid.UUID, report: RuntimeJobProgress
-    ) -> ProgressAnswer:
-        path = DEPLOYMENT_JOB_PROGRESS.format(job_id=job_id)
-        return await self._call("POST", path, report, ProgressAnswer)
-
-    async def complete_deployment_job(
-        self, job_id: uuid.UUID, report: DeploymentCompletion
-    ) -> RuntimeJobOutcome:
-        path = DEPLOYMENT_JOB_COMPLETE.format(job_id=job_id)
-        return await self._call("POST", path, report, RuntimeJobOutcome)
-
-    async def fail_deployment_job(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
-        path = DEPLOYMENT_JOB_FAIL.format(job_id=job_id)
-        return await self._call("POST", path, report, FailAnswer)
+    async def fail(self, family: JobFamily, job_id: uuid.UUID, report: WireModel) -> FailAnswer:
+        return await self._call("POST", family.fail_path.format(job_id=job_id), report, FailAnswer)
 
     async def stream_invoke(
         self,
@@ -391,7 +332,7 @@ class ProtocolClient:
         response = await self._send(
             method, path, body, authenticated=authenticated, extra_headers=extra_headers
         )
-        return _parse(answer, response, method, path)
+        return _parse(answer.model_validate_json, response, method, path)
 
     async def _send(
         self,
@@ -464,9 +405,9 @@ class ProtocolClient:
         return response
 
 
-def _parse(answer: type[Answer], response: httpx.Response, method: str, path: str) -> Answer:
+def _parse(validate: Callable[[bytes], T], response: httpx.Response, method: str, path: str) -> T:
     try:
-        return answer.model_validate_json(response.content)
+        return validate(response.content)
     except ValidationError as exc:
         raise Refused(
             method=method,

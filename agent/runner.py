@@ -14,6 +14,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
 from pydantic import ValidationError
 
@@ -34,7 +35,9 @@ from agent.errors import (
     Transient,
     advice_for,
 )
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.jobs import artifact
+from agent.jobs.artifact import ArtifactContext, ArtifactSettings
+from agent.jobs.dispatch import FamilyJobs
 from agent.jobs.loop import claim_loop
 from agent.jobs.sweep import StagingSweep
 from agent.jobs.wakeups import Wakeups, listen
@@ -43,7 +46,7 @@ from agent.retry import Stopped, interruptible_sleep, retry_transient
 from agent.sources.hub import HubSource, source_session
 from agent.state import Identity, Sequences, StateDir
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest
-from schemas.jobs import JobKind
+from schemas.artifacts import ARTIFACT_FAMILY
 
 logger = logging.getLogger("modelforge.agent")
 
@@ -51,6 +54,9 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_REJECTED = 3
 RELOAD_POLL_S = 0.25
+# The artifact kinds this agent runs, each by the executor its module declares
+# (agent/jobs/dispatch.py): a new kind's module is imported above and added here.
+ARTIFACT_EXECUTORS: Final = (*artifact.EXECUTORS,)
 
 
 def make_collector(config: AgentConfig, node_id: uuid.UUID) -> GpuCollector:
@@ -207,30 +213,26 @@ class Agent:
                 stall_s=config.artifact_stall_s,
                 progress_interval_s=config.artifact_progress_interval_s,
             )
+            # The artifact kinds, each run by the executor its module declares.
+            served = FamilyJobs(
+                client, ARTIFACT_FAMILY, ARTIFACT_EXECUTORS, ArtifactContext(source, settings)
+            )
             sweep = StagingSweep(
-                client,
+                served.reports,
                 list(config.artifact_roots),
                 period_s=config.artifact_staging_sweep_s,
                 max_age_s=config.artifact_staging_max_age_s,
             )
-            reports = ArtifactReports(client)
-
-            async def next_job() -> ArtifactJob | None:
-                claim = await client.claim_artifact_job()
-                if claim is None:
-                    return None
-                logger.info("claimed artifact job %s (attempt %d)", claim.job_id, claim.attempt)
-                return ArtifactJob(claim, reports, source, settings)
 
             wakeups = Wakeups()
             tasks = [
                 asyncio.create_task(
                     claim_loop(
-                        "artifact jobs",
-                        next_job,
+                        served.what,
+                        served.next_job,
                         done,
                         poll_s=config.job_poll_interval_s,
-                        wake=wakeups.loop_for([JobKind.ARTIFACT_ACQUIRE]),
+                        wake=wakeups.loop_for(ARTIFACT_FAMILY.kinds),
                         # Between jobs: only then is no staging in use.
                         between=sweep.when_due,
                     )

@@ -26,11 +26,10 @@ import errno
 import logging
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.client import ProtocolClient
+from agent.jobs.dispatch import Executor
 from agent.jobs.lanes import Lanes
 from agent.jobs.lease import Failed, LeasedJob, Reports
 from agent.jobs.paths import (
@@ -41,12 +40,12 @@ from agent.jobs.paths import (
     no_symlinks_below,
     staging_dir,
 )
+from agent.jobs.reports import FamilyReports
 from agent.jobs.staging import Staged, present, promote
 from agent.sources.hub import Download, HubSource, SourceFailed
 from schemas.artifacts import (
     ArtifactClaim,
     ArtifactFile,
-    CompleteAnswer,
     CompleteReport,
     FileProgress,
     ProgressReport,
@@ -55,9 +54,9 @@ from schemas.jobs import (
     FailAnswer,
     FailReport,
     FailureCode,
+    JobKind,
     JobState,
     LeaseFence,
-    ProgressAnswer,
 )
 
 logger = logging.getLogger("modelforge.agent.jobs")
@@ -76,20 +75,13 @@ class ArtifactSettings:
     reserve_check_bytes: int = 64 << 20
 
 
-class ArtifactReports:
-    """The artifact kind's report calls (agent/jobs/lease.py: Reports)."""
+@dataclass(frozen=True)
+class ArtifactContext:
+    """What every artifact kind's executor is given beside its claim and reports
+    (agent/jobs/dispatch.py: FamilyJobs)."""
 
-    def __init__(self, client: ProtocolClient) -> None:
-        self.client = client
-
-    async def progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer:
-        return await self.client.artifact_progress(job_id, report)
-
-    async def complete(self, job_id: uuid.UUID, report: CompleteReport) -> CompleteAnswer:
-        return await self.client.complete_artifact_job(job_id, report)
-
-    async def fail(self, job_id: uuid.UUID, report: FailReport) -> FailAnswer:
-        return await self.client.fail_artifact_job(job_id, report)
+    source: HubSource
+    settings: ArtifactSettings
 
 
 @dataclass
@@ -367,3 +359,11 @@ def staging_failure(file: ArtifactFile, exc: OSError) -> Failed:
     if exc.errno == errno.ENOSPC:
         return Failed(FailureCode.INSUFFICIENT_SPACE, detail, retryable=True)
     return Failed(FailureCode.INTERNAL, detail, retryable=True)
+
+
+def _acquire(claim: ArtifactClaim, reports: FamilyReports, context: ArtifactContext) -> ArtifactJob:
+    return ArtifactJob(claim, reports, context.source, context.settings)
+
+
+# This module's kind, run by the agent's artifact-jobs loop (agent/runner.py).
+EXECUTORS = (Executor(JobKind.ARTIFACT_ACQUIRE, ArtifactClaim, _acquire),)

@@ -21,7 +21,7 @@ must:
   409 (the lease moved on) or any other 4xx is final.
 
 A kind subclasses `LeasedJob` with its work and its reports; its report calls are a
-`Reports` (the kind's three protocol routes on the node's client).
+`Reports` (its family's three routes: agent/jobs/reports.py, FamilyReports).
 """
 
 from __future__ import annotations

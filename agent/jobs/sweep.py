@@ -47,11 +47,10 @@ logger = logging.getLogger("modelforge.agent.jobs")
 
 
 class ProgressRoute(Protocol):
-    """The one protocol call the sweep makes (agent/client.py: ProtocolClient)."""
+    """The one protocol call the sweep makes: an artifact job's progress report
+    (agent/jobs/reports.py: FamilyReports of the artifact family)."""
 
-    async def artifact_progress(
-        self, job_id: uuid.UUID, report: ProgressReport
-    ) -> ProgressAnswer: ...
+    async def progress(self, job_id: uuid.UUID, report: ProgressReport) -> ProgressAnswer: ...
 
 
 class Verdict(StrEnum):
@@ -69,7 +68,7 @@ async def verdict(route: ProgressRoute, job_id: uuid.UUID) -> Verdict:
     a report under a lease no one holds tells it."""
     nobodys = ProgressReport(lease=LeaseFence(lease_id=uuid.uuid4(), epoch=1), files=[])
     try:
-        await route.artifact_progress(job_id, nobodys)
+        await route.progress(job_id, nobodys)
     except Conflict as exc:
         if exc.code in _ENDED_CONFLICTS:
             return Verdict.ENDED

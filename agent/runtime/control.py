@@ -28,23 +28,23 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
 from agent.client import ProtocolClient
 from agent.errors import RequestFailed, StateError, log_unexpected
+from agent.jobs.dispatch import FamilyJobs
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, wait_for_wake
+from agent.runtime import deployments, device_jobs, probe
 from agent.runtime.channel import RuntimeChannel
-from agent.runtime.deployments import DEPLOYMENT_KINDS, DeploymentJob, DeploymentReports
-from agent.runtime.device_jobs import DeviceJobRun
 from agent.runtime.invoke import Invokes
-from agent.runtime.jobs import RUNTIME_KINDS, RuntimeJob, RuntimeReports
-from agent.runtime.probe import ProbeRun
 from agent.runtime.worker import RuntimeWorker
 from agent.sequencing import send_sequenced
 from agent.state import CursorFile, Sequences
 from schemas.agent import IngestResult
+from schemas.deployments import DEPLOYMENT_FAMILY
 from schemas.protocol import StreamName
-from schemas.runtime import EnvironmentReport, ProbeClaim
+from schemas.runtime import RUNTIME_FAMILY, EnvironmentReport
 from schemas.runtime_local import RuntimeReport
 
 logger = logging.getLogger("modelforge.runtime.control")
@@ -54,6 +54,10 @@ logger = logging.getLogger("modelforge.runtime.control")
 CURSORS_FILE = "runtime.cursors.json"
 EARLIER_SEQUENCE_FILE = "runtime.sequence"
 STREAMS: tuple[str, ...] = (StreamName.RUNTIME,)
+# The kinds the runtime worker runs, by family, each by the executor its module declares
+# (agent/jobs/dispatch.py): a new kind's module is imported above and added here.
+RUNTIME_EXECUTORS: Final = (*probe.EXECUTORS, *device_jobs.EXECUTORS)
+DEPLOYMENT_EXECUTORS: Final = (*deployments.EXECUTORS,)
 
 
 def runtime_sequences(run_dir: Path) -> Sequences:
@@ -114,8 +118,8 @@ class ControlPlane:
         self._credential = credential
         self.changed = worker.changed
         self._refused: str | None = None
-        self.job_reports = RuntimeReports(client)
-        self.deployment_reports = DeploymentReports(client)
+        self.runtime_jobs = FamilyJobs(client, RUNTIME_FAMILY, RUNTIME_EXECUTORS, worker)
+        self.deployment_jobs = FamilyJobs(client, DEPLOYMENT_FAMILY, DEPLOYMENT_EXECUTORS, worker)
         self.invokes = Invokes(worker, client)
 
     def report(self, sequence: int) -> RuntimeReport:
@@ -169,36 +173,13 @@ class ControlPlane:
         health check, need not wait for a device's long job to end)."""
         return len(self.worker.slots) + 1
 
-    async def next_job(self) -> RuntimeJob | None:
-        claim = await self.client.claim_runtime_job()
-        if claim is None:
-            return None
-        logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
-        if isinstance(claim, ProbeClaim):
-            return ProbeRun(claim, self.job_reports, self.worker)
-        return DeviceJobRun(claim, self.job_reports, self.worker)
-
-    async def jobs(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+    async def jobs(
+        self, stop: asyncio.Event, wake: asyncio.Event, served: FamilyJobs[RuntimeWorker]
+    ) -> None:
+        """The claim loop of one family's jobs."""
         await claim_loop(
-            "runtime jobs",
-            self.next_job,
-            stop,
-            poll_s=self.worker.config.job_poll_interval_s,
-            wake=wake,
-            in_flight=self.in_flight,
-        )
-
-    async def next_deployment_job(self) -> DeploymentJob | None:
-        claim = await self.client.claim_deployment_job()
-        if claim is None:
-            return None
-        logger.info("claimed %s %s (attempt %d)", claim.kind, claim.job_id, claim.attempt)
-        return DeploymentJob(claim, self.deployment_reports, self.worker)
-
-    async def deployment_jobs(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
-        await claim_loop(
-            "deployment jobs",
-            self.next_deployment_job,
+            served.what,
+            served.next_job,
             stop,
             poll_s=self.worker.config.job_poll_interval_s,
             wake=wake,
@@ -210,8 +191,10 @@ class ControlPlane:
         channel = RuntimeChannel(self.client, wakeups, self.invokes)
         tasks = [
             asyncio.create_task(self.reports(stop)),
-            asyncio.create_task(self.jobs(stop, wakeups.loop_for(RUNTIME_KINDS))),
-            asyncio.create_task(self.deployment_jobs(stop, wakeups.loop_for(DEPLOYMENT_KINDS))),
+            *(
+                asyncio.create_task(self.jobs(stop, wakeups.loop_for(served.family.kinds), served))
+                for served in (self.runtime_jobs, self.deployment_jobs)
+            ),
             asyncio.create_task(channel.hold(stop)),
         ]
         try:

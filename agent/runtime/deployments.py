@@ -33,9 +33,8 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 
-from agent.client import DeploymentCompletion, ProtocolClient
+from agent.jobs.dispatch import Executor
 from agent.jobs.lease import Reports
 from agent.runtime.admission import admitted_model, server_failure
 from agent.runtime.deployed import Deployed, deployment_model_id
@@ -44,7 +43,6 @@ from agent.runtime.jobs import RuntimeFailed, RuntimeJob
 from agent.runtime.server import ServerFailed
 from agent.runtime.worker import RuntimeWorker
 from schemas.deployments import (
-    KINDS,
     DrainComplete,
     HealthComplete,
     LoadClaim,
@@ -52,37 +50,17 @@ from schemas.deployments import (
     TargetClaim,
     UnloadComplete,
 )
-from schemas.jobs import FailAnswer, JobKind, ProgressAnswer
-from schemas.runtime import (
-    RuntimeFailure,
-    RuntimeJobFail,
-    RuntimeJobOutcome,
-    RuntimeJobProgress,
-)
+from schemas.jobs import JobKind
+from schemas.runtime import RuntimeFailure, RuntimeJobFail, RuntimeJobProgress
 
 logger = logging.getLogger("modelforge.runtime.deployments")
 
-# The kinds the deployment-jobs loop claims and is woken for.
-DEPLOYMENT_KINDS = frozenset(KINDS)
 # How long cut invokes get to report their end (their llama-server connections are
 # closed at once); then their tasks are cancelled.
 CUT_WAIT_S = 5.0
 
-
-class DeploymentReports:
-    """The deployment kinds' report calls (agent/jobs/lease.py: Reports)."""
-
-    def __init__(self, client: ProtocolClient) -> None:
-        self.client = client
-
-    async def progress(self, job_id: uuid.UUID, report: RuntimeJobProgress) -> ProgressAnswer:
-        return await self.client.deployment_job_progress(job_id, report)
-
-    async def complete(self, job_id: uuid.UUID, report: DeploymentCompletion) -> RuntimeJobOutcome:
-        return await self.client.complete_deployment_job(job_id, report)
-
-    async def fail(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
-        return await self.client.fail_deployment_job(job_id, report)
+# What a deployment job completes with: its kind's report.
+DeploymentCompletion = LoadComplete | HealthComplete | DrainComplete | UnloadComplete
 
 
 class DeploymentJob(RuntimeJob[DeploymentCompletion]):
@@ -223,3 +201,13 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
                 task.cancel()
         logger.info("deployment %s unloaded from %s", deployed.deployment_id, slot.device.id)
         return max(0, at_start - len(cut)), len(cut), settle
+
+
+# This module's kinds, run by the runtime worker's deployment-jobs loop
+# (agent/runtime/control.py).
+EXECUTORS = (
+    Executor(JobKind.DEPLOYMENT_LOAD, LoadClaim, DeploymentJob),
+    Executor(JobKind.DEPLOYMENT_HEALTH, TargetClaim, DeploymentJob),
+    Executor(JobKind.DEPLOYMENT_DRAIN, TargetClaim, DeploymentJob),
+    Executor(JobKind.DEPLOYMENT_UNLOAD, TargetClaim, DeploymentJob),
+)

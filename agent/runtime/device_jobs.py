@@ -4,6 +4,7 @@ after the request in flight, with the time the device took to show the memory fr
 
 from __future__ import annotations
 
+from agent.jobs.dispatch import Executor
 from agent.runtime.health import server_health
 from agent.runtime.jobs import Completion, RuntimeFailed, RuntimeJob, RuntimeReports
 from agent.runtime.server import LlamaServer
@@ -48,3 +49,11 @@ class DeviceJobRun(RuntimeJob):
             kind=JobKind.RUNTIME_HEALTH, lease=self.fence, device_id=self.device_id,
             health=health, loaded_model=loaded,
         )  # fmt: skip
+
+
+# This module's kinds, run by the runtime worker's runtime-jobs loop
+# (agent/runtime/control.py).
+EXECUTORS = (
+    Executor(JobKind.RUNTIME_HEALTH, DeviceJobClaim, DeviceJobRun),
+    Executor(JobKind.RUNTIME_UNLOAD, DeviceJobClaim, DeviceJobRun),
+)

@@ -1,8 +1,9 @@
-"""The runtime kinds' glue to the one lease runner (agent/jobs/lease.py): their report
-calls, their failure (a RuntimeFailure, with the layered health when the failure came
-from the server), their progress (the phase), and which job kind runs as what.
-agent/runtime/probe.py and device_jobs.py do the work; the worker's claim loop
-(agent/runtime/control.py) calls `runtime_job` for each claim."""
+"""The runtime kinds' glue to the one lease runner (agent/jobs/lease.py): their failure
+(a RuntimeFailure, with the layered health when the failure came from the server) and
+their progress (the phase). agent/runtime/probe.py, device_jobs.py and deployments.py
+do the work, each kind started by the executor its module declares
+(agent/jobs/dispatch.py); their reports go through their family's routes
+(agent/jobs/reports.py: FamilyReports)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,20 @@ from typing import Literal
 
 from typing_extensions import TypeVar
 
-from agent.client import ProtocolClient
 from agent.jobs.lease import Failed, LeasedJob, Reports
 from agent.runtime.worker import RuntimeWorker
-from schemas.jobs import FailAnswer, JobKind, Lease, ProgressAnswer
+from schemas.jobs import JobKind, Lease
 from schemas.runtime import (
     HealthComplete,
     ProbeComplete,
     RuntimeFailure,
     RuntimeJobFail,
-    RuntimeJobOutcome,
     RuntimeJobProgress,
     ServerHealth,
     UnloadComplete,
 )
 
 logger = logging.getLogger("modelforge.runtime.jobs")
-
-# The kinds the runtime worker claims (from …/runtime-probes/next) and is woken for.
-RUNTIME_KINDS = frozenset({JobKind.RUNTIME_PROBE, JobKind.RUNTIME_HEALTH, JobKind.RUNTIME_UNLOAD})
 
 # Worth another attempt: the next start may well succeed.
 RETRYABLE = frozenset(
@@ -40,23 +36,9 @@ RETRYABLE = frozenset(
 Completion = ProbeComplete | HealthComplete | UnloadComplete
 # A kind's completion report (the deployment kinds complete with their own models).
 Done = TypeVar("Done", default=Completion)
+# The report calls a runtime kind's job makes (agent/jobs/reports.py: FamilyReports).
+RuntimeReports = Reports[RuntimeJobProgress, Completion, RuntimeJobFail]
 Phase = Literal["verifying", "loading", "probing", "draining", "unloading"]
-
-
-class RuntimeReports:
-    """The runtime kinds' report calls (agent/jobs/lease.py: Reports)."""
-
-    def __init__(self, client: ProtocolClient) -> None:
-        self.client = client
-
-    async def progress(self, job_id: uuid.UUID, report: RuntimeJobProgress) -> ProgressAnswer:
-        return await self.client.runtime_job_progress(job_id, report)
-
-    async def complete(self, job_id: uuid.UUID, report: Completion) -> RuntimeJobOutcome:
-        return await self.client.complete_runtime_job(job_id, report)
-
-    async def fail(self, job_id: uuid.UUID, report: RuntimeJobFail) -> FailAnswer:
-        return await self.client.fail_runtime_job(job_id, report)
 
 
 class RuntimeFailed(Failed):

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from agent.jobs.dispatch import Executor
 from agent.runtime.admission import admitted_model, server_failure
 from agent.runtime.devices import DeviceSlot
 from agent.runtime.jobs import Completion, RuntimeFailed, RuntimeJob, RuntimeReports
@@ -164,3 +165,7 @@ def _vram_used(slot: DeviceSlot) -> int | None:
     if metrics.memory_total_bytes is None or metrics.memory_free_bytes is None:
         return None
     return int(metrics.memory_total_bytes - metrics.memory_free_bytes)
+
+
+# This module's kind, run by the runtime worker's runtime-jobs loop (agent/runtime/control.py).
+EXECUTORS = (Executor(JobKind.RUNTIME_PROBE, ProbeClaim, ProbeRun),)

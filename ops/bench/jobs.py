@@ -47,9 +47,10 @@ import fleet_stack  # noqa: E402
 import heartbeats as hb  # noqa: E402
 
 from agent.client import ProtocolClient  # noqa: E402
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings  # noqa: E402
+from agent.jobs.artifact import ArtifactJob, ArtifactSettings  # noqa: E402
+from agent.jobs.reports import FamilyReports  # noqa: E402
 from agent.sources.hub import HubSource, source_session  # noqa: E402
-from schemas.artifacts import CompleteReport  # noqa: E402
+from schemas.artifacts import ARTIFACT_FAMILY, ArtifactClaim, CompleteReport  # noqa: E402
 from schemas.protocol import (  # noqa: E402
     ARTIFACT_JOB_FAIL,
     ARTIFACT_JOBS,
@@ -202,10 +203,10 @@ async def download(t: Transfer) -> tuple[float, float]:
     ):
         (await http.post(ARTIFACT_JOBS, json=body, headers=admin)).raise_for_status()
         client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
+        claim = await client.claim(ARTIFACT_FAMILY)
+        assert isinstance(claim, ArtifactClaim), claim
         source = HubSource(hub.url, None, session)
-        job = Timed(claim, ArtifactReports(client), source, settings)
+        job = Timed(claim, FamilyReports(client, ARTIFACT_FAMILY), source, settings)
         os.sync()
         await asyncio.to_thread(settle, t.pids)
         started = time.perf_counter()

@@ -11,9 +11,10 @@ from typing import Any
 import aiohttp
 
 from agent.client import ProtocolClient, make_http_client
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.reports import FamilyReports
 from agent.sources.hub import HubSource, source_session
-from schemas.artifacts import ArtifactClaim
+from schemas.artifacts import ARTIFACT_FAMILY, ArtifactClaim
 from tests.api_server import RunningApi
 from tests.artifact_flows import create_job, file_entry, node_with_roots
 from tests.flows import EnrolledNode
@@ -44,8 +45,8 @@ async def claimed(
         aiohttp.ClientSession() as session,
     ):
         client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
+        claim = await client.claim(ARTIFACT_FAMILY)
+        assert isinstance(claim, ArtifactClaim), claim
         yield client, claim, HubSource(hub.url, None, session)
 
 
@@ -63,7 +64,7 @@ async def running_job(
         ) as session,
     ):
         client = ProtocolClient(http, node.credential)
-        claim = await client.claim_artifact_job()
-        assert claim is not None
+        claim = await client.claim(ARTIFACT_FAMILY)
+        assert isinstance(claim, ArtifactClaim), claim
         source = HubSource(hub.url, token, session)
-        yield ArtifactJob(claim, ArtifactReports(client), source, settings)
+        yield ArtifactJob(claim, FamilyReports(client, ARTIFACT_FAMILY), source, settings)

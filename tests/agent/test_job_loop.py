@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from agent.client import ProtocolClient, make_http_client
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
+from agent.jobs.artifact import ArtifactJob, ArtifactSettings
 from agent.jobs.loop import REFUSED_BACKOFF, Job, claim_loop
 from agent.jobs.paths import staging_dir
-from schemas.artifacts import CompleteReport
+from agent.jobs.reports import FamilyReports
+from schemas.artifacts import ARTIFACT_FAMILY, CompleteReport
 from schemas.protocol import NODES
+from schemas.runtime import RUNTIME_FAMILY
 from tests.agent.claimed_jobs import claimed, one_file_job
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content, get_job, node_with_roots
@@ -61,8 +63,8 @@ async def test_both_kinds_back_off_while_the_node_is_refused(
     caplog.set_level(logging.WARNING, logger="modelforge.agent.jobs")
     async with make_http_client(api.base_url, trust_env=False) as http:
         client = ProtocolClient(http, node.credential)
-        artifact = Counted(client.claim_artifact_job)
-        runtime = Counted(client.claim_runtime_job)
+        artifact = Counted(lambda: client.claim(ARTIFACT_FAMILY))
+        runtime = Counted(lambda: client.claim(RUNTIME_FAMILY))
         stop = asyncio.Event()
         loops = [
             asyncio.create_task(claim_loop("artifact jobs", artifact, stop, poll_s=POLL_S)),
@@ -95,7 +97,7 @@ async def test_a_lost_lease_stops_an_artifact_download_and_keeps_its_part(
     node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA)
     async with claimed(api, node, hub) as (client, claim, source):
         settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.2, stall_s=10)
-        job = ArtifactJob(claim, ArtifactReports(client), source, settings)
+        job = ArtifactJob(claim, FamilyReports(client, ARTIFACT_FAMILY), source, settings)
         outcome = asyncio.create_task(job.run())
 
         staged = staging_dir(root, claim.job_id) / "model.gguf"
@@ -132,7 +134,7 @@ async def test_an_unforeseen_failure_settles_the_job_as_internal(
     node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA)
     async with claimed(api, node, hub) as (client, claim, source):
         settings = ArtifactSettings(roots=[str(root)], progress_interval_s=0.2, stall_s=10)
-        job = Broken(claim, ArtifactReports(client), source, settings)
+        job = Broken(claim, FamilyReports(client, ARTIFACT_FAMILY), source, settings)
         assert await asyncio.wait_for(job.run(), 10) == "internal"
     with api.client() as operator:
         settled = get_job(operator, api, job_id)

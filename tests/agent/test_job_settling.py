@@ -10,8 +10,10 @@ import uuid
 from pathlib import Path
 
 from agent.client import ProtocolClient
-from agent.jobs.artifact import ArtifactJob, ArtifactReports, ArtifactSettings
-from schemas.artifacts import CompleteAnswer, CompleteReport, ProgressReport
+from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.reports import FamilyReports
+from schemas.artifacts import ARTIFACT_FAMILY, CompleteReport, ProgressReport
+from schemas.base import WireModel
 from schemas.jobs import FailAnswer, FailReport, ProgressAnswer
 from tests.agent.claimed_jobs import claimed, one_file_job
 from tests.api_server import ApiFactory
@@ -29,7 +31,7 @@ class Watched:
     not call it back). Records when reports are sent and arrive."""
 
     def __init__(self, client: ProtocolClient) -> None:
-        self.client = ArtifactReports(client)
+        self.client = FamilyReports(client, ARTIFACT_FAMILY)
         self.events: list[str] = []
         self.deliveries: list[asyncio.Future[ProgressAnswer]] = []
 
@@ -44,7 +46,7 @@ class Watched:
         self.events.append("progress arrived")
         return await self.client.progress(job_id, report)
 
-    async def complete(self, job_id: uuid.UUID, report: CompleteReport) -> CompleteAnswer:
+    async def complete(self, job_id: uuid.UUID, report: CompleteReport) -> WireModel:
         self.events.append("settled")
         return await self.client.complete(job_id, report)
 

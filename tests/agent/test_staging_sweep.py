@@ -17,7 +17,9 @@ import pytest
 
 from agent.client import ProtocolClient, make_http_client
 from agent.jobs.paths import STAGING_DIR
+from agent.jobs.reports import FamilyReports
 from agent.jobs.sweep import StagingSweep, Verdict, verdict
+from schemas.artifacts import ARTIFACT_FAMILY
 from tests.api_server import ApiFactory, RunningApi, free_port
 from tests.artifact_flows import claimed, complete, created, fence, get_job, node_with_roots
 
@@ -26,7 +28,8 @@ def _verdicts(api: RunningApi, credential: str, job_ids: list[str]) -> list[Verd
     async def ask() -> list[Verdict]:
         async with make_http_client(api.base_url, trust_env=False) as http:
             client = ProtocolClient(http, credential)
-            return [await verdict(client, uuid.UUID(job_id)) for job_id in job_ids]
+            reports = FamilyReports(client, ARTIFACT_FAMILY)
+            return [await verdict(reports, uuid.UUID(job_id)) for job_id in job_ids]
 
     return asyncio.run(ask())
 
@@ -75,7 +78,10 @@ def test_with_no_answer_only_old_staging_goes(tmp_path: Path) -> None:
         # Nothing listens there: every question goes unanswered.
         async with make_http_client(f"http://127.0.0.1:{free_port()}", trust_env=False) as http:
             sweeper = StagingSweep(
-                ProtocolClient(http, "mf.x.y"), [str(root)], period_s=60, max_age_s=600
+                FamilyReports(ProtocolClient(http, "mf.x.y"), ARTIFACT_FAMILY),
+                [str(root)],
+                period_s=60,
+                max_age_s=600,
             )
             removed = await sweeper.when_due()
             assert await sweeper.when_due() == [], "not due again within the period"

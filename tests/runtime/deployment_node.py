@@ -23,7 +23,6 @@ from starlette.routing import Route
 
 from agent.client import ProtocolClient, make_http_client
 from agent.runtime.admission import sha256_of
-from agent.runtime.jobs import RuntimeReports
 from schemas.deployments import LoadClaim, LoadSpec, TargetClaim, TargetSpec
 from schemas.gateway import Invoke, InvokeParams
 from schemas.jobs import FailAnswer, JobKind, JobState, Lease, LeaseFence, ProgressAnswer
@@ -117,7 +116,7 @@ async def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-class Reports(RuntimeReports):
+class Reports:
     """A job's reports, recorded; the control plane's answers made up."""
 
     def __init__(self) -> None:

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from agent.client import ProtocolClient, make_http_client
+from agent.jobs.reports import FamilyReports
 from agent.runtime.backends import DeviceRef
 from agent.runtime.backends.cpu import CpuBackend
 from agent.runtime.config import ModelSpec, RuntimeConfig
 from agent.runtime.control import ControlPlane
 from agent.runtime.device_jobs import DeviceJobRun
-from agent.runtime.jobs import RuntimeReports
 from agent.runtime.worker import RuntimeWorker
 from schemas.jobs import JobKind
 from schemas.protocol import NODES, RUNTIME_JOBS
-from schemas.runtime import DeviceJobClaim, EnvironmentReport
+from schemas.runtime import RUNTIME_FAMILY, DeviceJobClaim, EnvironmentReport
 from tests.agent.artifact_agent import ended
 from tests.agent.harness import admin, wait_until
 from tests.api_server import ApiFactory, RunningApi
@@ -112,7 +112,7 @@ async def test_a_job_for_one_device_does_not_wait_for_a_job_on_another(
     async with plane_for(api, tmp_path, llama_server) as plane:
         node_id = str(plane.node_id)
         stop = asyncio.Event()
-        loop = asyncio.create_task(plane.jobs(stop, asyncio.Event()))
+        loop = asyncio.create_task(plane.jobs(stop, asyncio.Event(), plane.runtime_jobs))
         try:
             async with device_held(plane.worker, instruct_model):
                 waiting = await unload(api, node_id, HELD)
@@ -151,9 +151,9 @@ async def test_a_lost_lease_stops_a_runtime_job_before_its_work(
         assert slot is not None
         async with device_held(plane.worker, instruct_model):
             job_id = await unload(api, node_id, HELD)
-            claim = await plane.client.claim_runtime_job()
+            claim = await plane.client.claim(RUNTIME_FAMILY)
             assert isinstance(claim, DeviceJobClaim) and str(claim.job_id) == job_id
-            run = DeviceJobRun(claim, RuntimeReports(plane.client), plane.worker)
+            run = DeviceJobRun(claim, FamilyReports(plane.client, RUNTIME_FAMILY), plane.worker)
             outcome = asyncio.create_task(run.run())
             async with api.async_client() as client:
                 disabled = await client.patch(
