@@ -245,7 +245,8 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
 
 
 def _query(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Unset options are left out rather than sent empty."""
+    """Unset options are left out rather than sent empty; a value (an enum too, or each
+    of a list's) is sent as its string."""
     if params is None:
         return None
     return {

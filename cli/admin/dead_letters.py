@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.admin.context import JsonOption, admin, output
+from cli.admin.answers import answer, show_detail, show_page
+from cli.admin.context import JsonOption, output
 from cli.admin.output import Column
 from schemas.admin import DeadLetterInfo, DeadLetterList, DeadLetterReplayed
 from schemas.protocol import DEAD_LETTERS
@@ -35,35 +36,30 @@ def list_dead_letters(
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(
+    found = show_page(
+        ctx,
+        json,
+        COLUMNS,
+        lambda c: c.get(
             DeadLetterList, DEAD_LETTERS, queue=queue, after_seq=after_seq, limit=limit
-        )
-    out.table(found, found.items, COLUMNS)
-    if found.next_seq is not None and not out.json_mode:
-        out.note(f"more: --after-seq {found.next_seq}")
+        ),
+    )
+    if found.next_seq is not None and not json:
+        output(json).note(f"more: --after-seq {found.next_seq}")
 
 
 @app.command("get")
 def get(ctx: typer.Context, seq: SeqArg, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        info = client.get(DeadLetterInfo, f"{DEAD_LETTERS}/{seq}")
-    out.detail(info, info.model_dump().items())
+    show_detail(ctx, json, lambda c: c.get(DeadLetterInfo, f"{DEAD_LETTERS}/{seq}"))
 
 
 @app.command("replay")
 def replay(ctx: typer.Context, seq: SeqArg, json: JsonOption = False) -> None:
     """Send the message to its queue again, as it was."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        done = client.post(DeadLetterReplayed, f"{DEAD_LETTERS}/{seq}/replay")
-    out.detail(done, done.model_dump().items())
+    show_detail(ctx, json, lambda c: c.post(DeadLetterReplayed, f"{DEAD_LETTERS}/{seq}/replay"))
 
 
 @app.command("delete")
 def delete(ctx: typer.Context, seq: SeqArg) -> None:
-    with admin(ctx).client() as client:
-        client.request("DELETE", f"{DEAD_LETTERS}/{seq}")
+    answer(ctx, lambda c: c.request("DELETE", f"{DEAD_LETTERS}/{seq}"))
     output(False).line(f"deleted dead letter {seq}")

@@ -11,11 +11,12 @@ from typing import Annotated, Any
 import typer
 from rich.status import Status
 
+from cli.admin.answers import show_detail, show_page, show_row
 from cli.admin.bodies import read_body
 from cli.admin.context import JsonOption, admin, output
 from cli.admin.output import Column, Output, join, styled
 from cli.admin.runtime import JOB_COLUMNS
-from cli.admin.watch import follow
+from cli.admin.watch import follow_one
 from schemas.deployments import (
     ENDED_STATES,
     DeploymentCreate,
@@ -25,7 +26,6 @@ from schemas.deployments import (
     DeploymentState,
     DeploymentView,
 )
-from schemas.events import CloudEvent
 from schemas.protocol import DEPLOYMENTS, SERVICE_CLIENTS
 from schemas.service_clients import (
     ServiceClientCreate,
@@ -69,20 +69,17 @@ def list_deployments(
     state: Annotated[list[DeploymentState] | None, typer.Option(help="repeatable")] = None,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(
-            DeploymentList, DEPLOYMENTS, node_id=node, state=[s.value for s in state or []]
-        )
-    out.table(found, found.items, DEPLOYMENT_COLUMNS)
+    show_page(
+        ctx,
+        json,
+        DEPLOYMENT_COLUMNS,
+        lambda c: c.get(DeploymentList, DEPLOYMENTS, node_id=node, state=state),
+    )
 
 
 @app.command("get")
 def get_deployment(ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.get(DeploymentView, f"{DEPLOYMENTS}/{deployment}")
-    out.detail(view, view.model_dump().items())
+    show_detail(ctx, json, lambda c: c.get(DeploymentView, f"{DEPLOYMENTS}/{deployment}"))
 
 
 @app.command("create")
@@ -93,11 +90,13 @@ def create_deployment(
     ],
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
     body = read_body(file, DeploymentCreate)
-    with admin(ctx).client() as client:
-        view = client.call(DeploymentView, "POST", DEPLOYMENTS, body=body)
-    out.table(view, [view], DEPLOYMENT_COLUMNS)
+    show_row(
+        ctx,
+        json,
+        DEPLOYMENT_COLUMNS,
+        lambda c: c.call(DeploymentView, "POST", DEPLOYMENTS, body=body),
+    )
 
 
 @app.command("jobs")
@@ -105,10 +104,12 @@ def deployment_jobs(
     ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False
 ) -> None:
     """The deployment's lifecycle jobs (load, health, drain, unload)."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(DeploymentJobList, f"{DEPLOYMENTS}/{deployment}/jobs")
-    out.table(found, found.items, JOB_COLUMNS)
+    show_page(
+        ctx,
+        json,
+        JOB_COLUMNS,
+        lambda c: c.get(DeploymentJobList, f"{DEPLOYMENTS}/{deployment}/jobs"),
+    )
 
 
 @app.command("drain")
@@ -119,23 +120,28 @@ def drain(
     json: JsonOption = False,
 ) -> None:
     """No new invokes; those in flight get --deadline; then the model is unloaded."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.post(
-            DeploymentView,
-            f"{DEPLOYMENTS}/{deployment}/drain",
-            DeploymentDrain(deadline_s=deadline),
-        )
-    out.table(view, [view], DEPLOYMENT_COLUMNS)
+    _act(ctx, json, deployment, "drain", DeploymentDrain(deadline_s=deadline))
 
 
 @app.command("unload")
 def unload(ctx: typer.Context, deployment: DeploymentArg, json: JsonOption = False) -> None:
     """A drain with no deadline: in-flight invokes are cut at once."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.post(DeploymentView, f"{DEPLOYMENTS}/{deployment}/unload")
-    out.table(view, [view], DEPLOYMENT_COLUMNS)
+    _act(ctx, json, deployment, "unload")
+
+
+def _act(
+    ctx: typer.Context,
+    json: bool,
+    deployment: uuid.UUID,
+    action: str,
+    body: DeploymentDrain | None = None,
+) -> None:
+    show_row(
+        ctx,
+        json,
+        DEPLOYMENT_COLUMNS,
+        lambda c: c.post(DeploymentView, f"{DEPLOYMENTS}/{deployment}/{action}", body),
+    )
 
 
 def _secret(json: bool, created: ServiceClientCreated) -> None:
@@ -171,18 +177,12 @@ def create_client(
 
 @clients.command("list")
 def list_clients(ctx: typer.Context, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(ServiceClientList, SERVICE_CLIENTS)
-    out.table(found, found.items, CLIENT_COLUMNS)
+    show_page(ctx, json, CLIENT_COLUMNS, lambda c: c.get(ServiceClientList, SERVICE_CLIENTS))
 
 
 @clients.command("get")
 def get_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.get(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}")
-    out.detail(view, view.model_dump().items())
+    show_detail(ctx, json, lambda c: c.get(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}"))
 
 
 @clients.command("rotate")
@@ -194,18 +194,12 @@ def rotate_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = F
 
 @clients.command("revoke")
 def revoke_client(ctx: typer.Context, client_id: ClientArg, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.post(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}/revoke")
-    out.table(view, [view], CLIENT_COLUMNS)
-
-
-class _Reached(Exception):
-    """The watched deployment reached the state asked for, or ended short of it."""
-
-    def __init__(self, view: DeploymentView) -> None:
-        super().__init__(str(view.id))
-        self.view = view
+    show_row(
+        ctx,
+        json,
+        CLIENT_COLUMNS,
+        lambda c: c.post(ServiceClientView, f"{SERVICE_CLIENTS}/{client_id}/revoke"),
+    )
 
 
 @app.command("watch")
@@ -224,7 +218,7 @@ def watch(
     shown: list[DeploymentState] = []
     with admin(ctx).client() as client, _status(out, deployment) as status:
 
-        def refresh() -> None:
+        def read() -> DeploymentView:
             view = client.get(DeploymentView, f"{DEPLOYMENTS}/{deployment}")
             if not shown or shown[-1] is not view.state:
                 shown.append(view.state)
@@ -243,18 +237,17 @@ def watch(
                     status.update(
                         join(f"{view.model}: {view.state.value}, waiting for {until.value}")
                     )
-            if view.state is until or view.state in ENDED_STATES:
-                raise _Reached(view)
+            return view
 
-        def on_event(event: CloudEvent) -> bool:
-            if event.targetid == str(deployment):
-                refresh()
-            return False
-
-        try:
-            follow(client, out, redraw=refresh, on_event=on_event, type="deployment.")
-        except _Reached as reached:
-            final = reached.view
+        final = follow_one(
+            client,
+            out,
+            target=deployment,
+            # Where it was asked to get, or an end short of it.
+            read=read,
+            done=lambda view: view.state is until or view.state in ENDED_STATES,
+            type="deployment.",
+        )
     if final.state is not until:
         raise typer.Exit(1)
 

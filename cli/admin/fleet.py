@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.admin.context import JsonOption, LimitOption, admin, output
+from cli.admin.answers import answer, show_page, show_row
+from cli.admin.context import JsonOption, LimitOption, output
 from cli.admin.output import Column
 from schemas.admin import (
     AcknowledgeIncident,
@@ -33,12 +34,10 @@ INCIDENT_COLUMNS: list[Column[FleetIncidentInfo]] = [
 @app.command("status")
 def status(ctx: typer.Context, json: JsonOption = False) -> None:
     """Is the partition breaker holding offline transitions, and why."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        safety = client.get(FleetSafety, FLEET)
+    safety = answer(ctx, lambda c: c.get(FleetSafety, FLEET))
     incident = safety.open_incident
     presence = safety.api_presence
-    out.detail(
+    output(json).detail(
         safety,
         [
             ("partition hold", safety.partition_hold),
@@ -54,10 +53,12 @@ def status(ctx: typer.Context, json: JsonOption = False) -> None:
 
 @app.command("incidents")
 def incidents(ctx: typer.Context, limit: LimitOption = 100, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(FleetIncidentList, f"{FLEET}/incidents", limit=limit)
-    out.table(found, found.items, INCIDENT_COLUMNS)
+    show_page(
+        ctx,
+        json,
+        INCIDENT_COLUMNS,
+        lambda c: c.get(FleetIncidentList, f"{FLEET}/incidents", limit=limit),
+    )
 
 
 @app.command("acknowledge")
@@ -68,11 +69,13 @@ def acknowledge(
     json: JsonOption = False,
 ) -> None:
     """Let the held offline transitions through."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        info = client.post(
+    show_row(
+        ctx,
+        json,
+        INCIDENT_COLUMNS,
+        lambda c: c.post(
             FleetIncidentInfo,
             f"{FLEET}/incidents/{incident}/acknowledge",
             AcknowledgeIncident(reason=reason),
-        )
-    out.table(info, [info], INCIDENT_COLUMNS)
+        ),
+    )

@@ -4,6 +4,7 @@ create, list, get, watch with a progress bar, cancel."""
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -18,14 +19,14 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from cli.admin.client import AdminFailure
-from cli.admin.context import JsonOption, LimitOption, admin, output
-from cli.admin.listing import NodeFilter, StateFilter, show_jobs
+from cli.admin.answers import answer, show_row
+from cli.admin.client import AdminClient, AdminFailure
+from cli.admin.context import JsonOption, admin, output
+from cli.admin.listing import list_command
 from cli.admin.output import Column, Output
-from cli.admin.watch import follow
+from cli.admin.watch import follow_one
 from cli.terminal import visible
 from schemas.artifacts import ArtifactJobList, ArtifactJobView, ArtifactManifest, CreateArtifactJob
-from schemas.events import CloudEvent
 from schemas.jobs import TERMINAL_STATES, JobState
 from schemas.protocol import ARTIFACT_JOBS
 
@@ -71,7 +72,6 @@ def create(
 ) -> None:
     """Queue an acquisition: from an exact --manifest, or by --repository/--revision/
     --pattern, which the control plane resolves to one first."""
-    out = output(json)
     target = {"node_id": str(node), "target_root": root, "max_attempts": max_attempts}
     if (manifest is None) == (repository is None):
         raise typer.BadParameter("give --manifest, or --repository with --pattern")
@@ -88,41 +88,23 @@ def create(
             **target,
             "resolve": {"repository": repository, "revision": revision, "patterns": pattern},
         }
-    with admin(ctx).client() as client:
+
+    def create(client: AdminClient) -> ArtifactJobView:
         # Validated here as the API will: a mistake is a usage line, not a round trip.
         request = TypeAdapter(CreateArtifactJob).validate_python(body)
-        job = client.call(
+        return client.call(
             ArtifactJobView, "POST", ARTIFACT_JOBS, body=request.model_dump(mode="json")
         )
-    out.table(job, [job], JOB_COLUMNS)
+
+    show_row(ctx, json, JOB_COLUMNS, create)
 
 
-@app.command("list")
-def list_jobs(
-    ctx: typer.Context,
-    node: NodeFilter = None,
-    state: StateFilter = None,
-    limit: LimitOption = 100,
-    json: JsonOption = False,
-) -> None:
-    show_jobs(
-        ctx,
-        ArtifactJobList,
-        ARTIFACT_JOBS,
-        JOB_COLUMNS,
-        node=node,
-        state=state,
-        limit=limit,
-        json=json,
-    )
+app.command("list")(list_command(ArtifactJobList, ARTIFACT_JOBS, JOB_COLUMNS))
 
 
 @app.command("get")
 def get_job(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")
-    _show(out, view)
+    _show(output(json), answer(ctx, lambda c: c.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")))
 
 
 def _show(out: Output, view: ArtifactJobView) -> None:
@@ -149,18 +131,9 @@ def _show(out: Output, view: ArtifactJobView) -> None:
 @app.command("cancel")
 def cancel(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
     """A queued job ends at once; a running one is told on its next progress report."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.post(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}/cancel")
-    out.table(view, [view], JOB_COLUMNS)
-
-
-class _Ended(Exception):
-    """The watched job reached its end (raised out of the event loop)."""
-
-    def __init__(self, view: ArtifactJobView) -> None:
-        super().__init__(str(view.id))
-        self.view = view
+    show_row(
+        ctx, json, JOB_COLUMNS, lambda c: c.post(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}/cancel")
+    )
 
 
 @app.command("watch")
@@ -171,7 +144,7 @@ def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
     with admin(ctx).client() as client, _bar(out) as bar:
         task = bar.add_task(str(job), total=None) if bar is not None else None
 
-        def refresh() -> None:
+        def read() -> ArtifactJobView:
             view = client.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")
             if out.json_mode:
                 out.json(view)
@@ -188,28 +161,26 @@ def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
                     completed=done,
                     total=total,
                 )
-            if view.state in TERMINAL_STATES:
-                raise _Ended(view)
+            return view
 
-        def on_event(event: CloudEvent) -> bool:
-            if event.targetid == str(job):
-                refresh()
-            return False
-
-        try:
-            # Read once the stream is open (redraw), so no change falls between the two.
-            follow(client, out, redraw=refresh, on_event=on_event, type="job.")
-        except _Ended as ended:
-            final = ended.view
+        # Read once the stream is open, so no change falls between the two.
+        final = follow_one(
+            client,
+            out,
+            target=job,
+            read=read,
+            done=lambda view: view.state in TERMINAL_STATES,
+            type="job.",
+        )
     if not out.json_mode:
         _show(out, final)
     if final.state is not JobState.SUCCEEDED:
         raise typer.Exit(1)
 
 
-def _bar(out: Output) -> Progress | _NoBar:
+def _bar(out: Output) -> Progress | nullcontext[None]:
     if out.json_mode:
-        return _NoBar()
+        return nullcontext()
     return Progress(
         # The description is data (a repository's name): shown as written, never markup.
         TextColumn("{task.description}", markup=False),
@@ -220,11 +191,3 @@ def _bar(out: Output) -> Progress | _NoBar:
         console=out.console,
         transient=False,
     )
-
-
-class _NoBar:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None

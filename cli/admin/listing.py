@@ -6,47 +6,34 @@ its columns."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
 
-from cli.admin.context import admin, output
+from cli.admin.answers import show_page
+from cli.admin.context import JsonOption, LimitOption
 from cli.admin.output import Column
-from schemas.jobs import JobState, JobView
+from schemas.jobs import JobState
 
 NodeFilter = Annotated[uuid.UUID | None, typer.Option("--node", help="only this node's")]
 StateFilter = Annotated[list[JobState] | None, typer.Option("--state", help="repeatable")]
 
 
-@runtime_checkable
-class JobPage(Protocol):
-    """What every kind's list answer has: its jobs, each a JobView of that kind."""
+def list_command(
+    page: type[BaseModel], route: str, columns: Sequence[Column[Any]]
+) -> Callable[..., None]:
+    """The `list` command of one family's jobs: its page model, its route, its columns."""
 
-    @property
-    def items(self) -> Sequence[JobView]: ...
+    def list_jobs(
+        ctx: typer.Context,
+        node: NodeFilter = None,
+        state: StateFilter = None,
+        limit: LimitOption = 100,
+        json: JsonOption = False,
+    ) -> None:
+        query = {"node_id": node, "state": state, "limit": limit}
+        show_page(ctx, json, columns, lambda c: c.get(page, route, **query))
 
-
-P = TypeVar("P", bound=BaseModel)
-
-
-def show_jobs(
-    ctx: typer.Context,
-    page: type[P],
-    route: str,
-    columns: Sequence[Column[Any]],
-    *,
-    node: uuid.UUID | None,
-    state: list[JobState] | None,
-    limit: int,
-    json: bool,
-) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(
-            page, route, node_id=node, state=[s.value for s in state or []], limit=limit
-        )
-    if not isinstance(found, JobPage):
-        raise TypeError(f"{page.__name__} is not a page of jobs")
-    out.table(found, found.items, columns)
+    return list_jobs

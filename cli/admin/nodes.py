@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from cli.admin.answers import answer, show_page, show_row
 from cli.admin.client import AdminClient, AdminFailure
 from cli.admin.context import JsonOption, LimitOption, WatchOption, admin, output
 from cli.admin.output import Column, Output, cell, size, styled
@@ -136,8 +137,7 @@ def _node_row(client: AdminClient, out: Output, event: CloudEvent) -> bool:
 def get_node(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
     """One node: liveness, inventory, GPUs (missing ones flagged), telemetry, labels."""
     out = output(json)
-    with admin(ctx).client() as client:
-        detail = client.get(NodeDetail, f"{NODES}/{node}")
+    detail = answer(ctx, lambda c: c.get(NodeDetail, f"{NODES}/{node}"))
     if out.json_mode:
         out.json(detail)
         return
@@ -177,15 +177,10 @@ def get_node(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> Non
                 out.line("  ".join(cell(v) for v in row))
 
 
-def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, json: bool) -> NodeDetail:
-    out = output(json)
-    with admin(ctx).client() as client:
-        detail = client.call(NodeDetail, "PATCH", f"{NODES}/{node}", body=body)
-    if out.json_mode:
-        out.json(detail)
-    else:
-        out.rows([detail], NODE_COLUMNS)
-    return detail
+def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, json: bool) -> None:
+    show_row(
+        ctx, json, NODE_COLUMNS, lambda c: c.call(NodeDetail, "PATCH", f"{NODES}/{node}", body=body)
+    )
 
 
 @app.command("disable")
@@ -207,8 +202,7 @@ def label(
     json: JsonOption = False,
 ) -> None:
     """Set or remove labels (`kubectl label` style); the others are kept."""
-    with admin(ctx).client() as client:
-        current = dict(client.get(NodeDetail, f"{NODES}/{node}").labels)
+    current = dict(answer(ctx, lambda c: c.get(NodeDetail, f"{NODES}/{node}")).labels)
     for item in labels:
         if item.endswith("-") and "=" not in item:
             current.pop(item[:-1], None)
@@ -224,8 +218,7 @@ def label(
 def revoke_credential(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
     """Revoke the node's credentials: it is refused until it is given a new one."""
     out = output(json)
-    with admin(ctx).client() as client:
-        revoked = client.post(CredentialRevoked, f"{NODES}/{node}/credential/revoke")
+    revoked = answer(ctx, lambda c: c.post(CredentialRevoked, f"{NODES}/{node}/credential/revoke"))
     if out.json_mode:
         out.json(revoked)
     else:
@@ -260,8 +253,7 @@ def rotate_credential(
         if identity is None or identity.node_id != node:
             held = "no identity" if identity is None else f"node {identity.node_id}"
             raise AdminFailure(f"{state_dir} holds {held}, not node {node}; nothing was rotated")
-    with admin(ctx).client() as client:
-        rotated = client.post(CredentialRotated, f"{NODES}/{node}/credential/rotate")
+    rotated = answer(ctx, lambda c: c.post(CredentialRotated, f"{NODES}/{node}/credential/rotate"))
     if state is None:
         if out.json_mode:
             out.json(rotated)
@@ -369,18 +361,16 @@ DEVICE_COLUMNS: list[Column[RuntimeDevice]] = [
 @app.command("artifacts")
 def artifacts(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
     """The node's artifact inventory: what completed jobs verified, and where."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(NodeArtifactList, f"{NODES}/{node}/artifacts")
-    out.table(found, found.items, ARTIFACT_COLUMNS)
+    show_page(
+        ctx, json, ARTIFACT_COLUMNS, lambda c: c.get(NodeArtifactList, f"{NODES}/{node}/artifacts")
+    )
 
 
 @app.command("runtime")
 def node_runtime(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
     """What the node's runtime worker last reported: devices, loaded and served models."""
     out = output(json)
-    with admin(ctx).client() as client:
-        view = client.get(NodeRuntimeView, f"{NODES}/{node}/runtime")
+    view = answer(ctx, lambda c: c.get(NodeRuntimeView, f"{NODES}/{node}/runtime"))
     out.table(view, view.devices, DEVICE_COLUMNS)
     if not out.json_mode:
         if not view.reported:

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.admin.answers import answer, show_page, show_row
 from cli.admin.bodies import read_body
-from cli.admin.context import JsonOption, LimitOption, admin, output
-from cli.admin.listing import NodeFilter, StateFilter, show_jobs
+from cli.admin.context import JsonOption, output
+from cli.admin.listing import list_command
 from cli.admin.output import Column
 from schemas.jobs import JobView
 from schemas.protocol import RUNTIME_ENVIRONMENTS, RUNTIME_EVIDENCE, RUNTIME_JOBS, RUNTIME_PROFILES
@@ -79,67 +80,51 @@ def list_profiles(
     name: Annotated[str | None, typer.Option(help="only this profile's versions")] = None,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(RuntimeProfileList, RUNTIME_PROFILES, name=name)
-    out.table(found, found.items, PROFILE_COLUMNS)
+    show_page(
+        ctx, json, PROFILE_COLUMNS, lambda c: c.get(RuntimeProfileList, RUNTIME_PROFILES, name=name)
+    )
 
 
 @profiles.command("get")
 def get_profile(ctx: typer.Context, profile: uuid.UUID, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        view = client.get(RuntimeProfileView, f"{RUNTIME_PROFILES}/{profile}")
+    view = answer(ctx, lambda c: c.get(RuntimeProfileView, f"{RUNTIME_PROFILES}/{profile}"))
     settings = json_module.dumps(view.settings, sort_keys=True)
-    out.detail(view, [*view.model_dump(exclude={"settings"}).items(), ("settings", settings)])
+    output(json).detail(
+        view, [*view.model_dump(exclude={"settings"}).items(), ("settings", settings)]
+    )
 
 
 @profiles.command("create")
 def create_profile(ctx: typer.Context, file: FileArg, json: JsonOption = False) -> None:
     """A profile (or its next version) from a JSON body; refused flags are named."""
-    out = output(json)
     body = read_body(file, ProfileCreate)
-    with admin(ctx).client() as client:
-        view = client.call(RuntimeProfileView, "POST", RUNTIME_PROFILES, body=body)
-    out.table(view, [view], PROFILE_COLUMNS)
+    show_row(
+        ctx,
+        json,
+        PROFILE_COLUMNS,
+        lambda c: c.call(RuntimeProfileView, "POST", RUNTIME_PROFILES, body=body),
+    )
 
 
 @environments.command("list")
 def list_environments(ctx: typer.Context, json: JsonOption = False) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(RuntimeEnvironmentList, RUNTIME_ENVIRONMENTS)
-    out.table(found, found.items, ENVIRONMENT_COLUMNS)
-
-
-@probes.command("list")
-def list_probes(
-    ctx: typer.Context,
-    node: NodeFilter = None,
-    state: StateFilter = None,
-    limit: LimitOption = 100,
-    json: JsonOption = False,
-) -> None:
-    show_jobs(
+    show_page(
         ctx,
-        RuntimeJobList,
-        RUNTIME_JOBS,
-        JOB_COLUMNS,
-        node=node,
-        state=state,
-        limit=limit,
-        json=json,
+        json,
+        ENVIRONMENT_COLUMNS,
+        lambda c: c.get(RuntimeEnvironmentList, RUNTIME_ENVIRONMENTS),
     )
 
 
+probes.command("list")(list_command(RuntimeJobList, RUNTIME_JOBS, JOB_COLUMNS))
+
+
 def _job_answer(method: str, path: str, ctx: typer.Context, json: bool, body: Any = None) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        # One job of any runtime kind: the list model reads it by its `kind`.
-        response = client.request(method, path, body=body)
+    response = answer(ctx, lambda c: c.request(method, path, body=body))
+    # One job of any runtime kind: the list model reads it by its `kind`.
     found = RuntimeJobList.model_validate_json(b'{"items":[' + response.content + b"]}")
     job: JobView = found.items[0]
-    out.table(job, [job], JOB_COLUMNS)
+    output(json).table(job, [job], JOB_COLUMNS)
 
 
 @probes.command("get")
@@ -166,7 +151,6 @@ def evidence(
     json: JsonOption = False,
 ) -> None:
     """The latest probe evidence per node, device, artifact, profile and environment."""
-    out = output(json)
-    with admin(ctx).client() as client:
-        found = client.get(EvidenceList, RUNTIME_EVIDENCE, node_id=node)
-    out.table(found, found.items, EVIDENCE_COLUMNS)
+    show_page(
+        ctx, json, EVIDENCE_COLUMNS, lambda c: c.get(EvidenceList, RUNTIME_EVIDENCE, node_id=node)
+    )

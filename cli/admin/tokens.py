@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from cli.admin.context import JsonOption, LimitOption, admin, output
+from cli.admin.answers import answer, show_page, show_row
+from cli.admin.context import JsonOption, LimitOption, output
 from cli.admin.output import Column
 from schemas.admin import (
     CreateEnrollmentToken,
@@ -74,8 +75,7 @@ def create(
             if v is not None
         }
     )
-    with admin(ctx).client() as client:
-        created = client.post(EnrollmentTokenCreated, TOKENS, body)
+    created = answer(ctx, lambda c: c.post(EnrollmentTokenCreated, TOKENS, body))
     if out.json_mode:
         out.json(created)
         return
@@ -91,10 +91,12 @@ def list_tokens(
     limit: LimitOption = 100,
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        tokens = client.get(EnrollmentTokenList, TOKENS, state=state, limit=limit)
-    out.table(tokens, tokens.items, TOKEN_COLUMNS)
+    show_page(
+        ctx,
+        json,
+        TOKEN_COLUMNS,
+        lambda c: c.get(EnrollmentTokenList, TOKENS, state=state, limit=limit),
+    )
 
 
 @app.command("revoke")
@@ -103,7 +105,6 @@ def revoke(
     token: Annotated[uuid.UUID, typer.Argument(help="the token's id")],
     json: JsonOption = False,
 ) -> None:
-    out = output(json)
-    with admin(ctx).client() as client:
-        revoked = client.post(EnrollmentTokenInfo, f"{TOKENS}/{token}/revoke")
-    out.table(revoked, [revoked], TOKEN_COLUMNS)
+    show_row(
+        ctx, json, TOKEN_COLUMNS, lambda c: c.post(EnrollmentTokenInfo, f"{TOKENS}/{token}/revoke")
+    )

@@ -12,8 +12,9 @@ or an API that is not there will not mend by retrying.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -24,6 +25,12 @@ from schemas.protocol import ADMIN_EVENTS_OVERFLOW
 
 # Reconnect backoff after the stream ends or breaks.
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
+
+V = TypeVar("V")
+
+
+class _Reached(Exception):
+    """The followed object got where it was going (raised out of the event loop)."""
 
 
 def follow(
@@ -73,3 +80,35 @@ def follow(
             out.note(f"{exc}; reconnecting", style="yellow")
         failures += 1
         time.sleep(RETRY_S[min(failures, len(RETRY_S)) - 1])
+
+
+def follow_one(
+    client: AdminClient,
+    out: Output,
+    *,
+    target: uuid.UUID,
+    read: Callable[[], V],
+    done: Callable[[V], bool],
+    **filters: Any,
+) -> V:
+    """Follow one object (a job, a deployment) until done(its view): read() it (showing
+    it is read's part) when the stream opens and again on each event about it; the view
+    that was done is returned."""
+    reached: list[V] = []
+
+    def redraw() -> None:
+        view = read()
+        if done(view):
+            reached.append(view)
+            raise _Reached
+
+    def on_event(event: CloudEvent) -> bool:
+        if event.targetid == str(target):
+            redraw()
+        return False
+
+    try:
+        follow(client, out, redraw=redraw, on_event=on_event, **filters)
+    except _Reached:
+        return reached[0]
+    raise AssertionError("with no limit, follow returns only by raising")
