@@ -1,5 +1,5 @@
-"""Artifact acquisition jobs (artifact.acquire.v1): what an operator asks for, what a
-lease carries, and what a node reports.
+"""Artifact jobs: acquisition (artifact.acquire.v1) and eviction (artifact.evict.v1):
+what an operator asks for, what a lease carries, and what a node reports.
 
 A lease carries only a repository, an exact commit, the selected files with their
 expected sizes and digests, an approved target root and a reserve policy: no URL, no
@@ -10,6 +10,10 @@ verifies each file against the digest the job holds.
 A file's path is any safe relative path (schemas/base.py: FilePath; spaces, non-ASCII
 letters, `~`, parentheses included), a root a narrow absolute one (RootPath); the node
 checks again on its side (symlinks, the real root).
+
+An eviction's lease carries the artifact as the node's inventory recorded it (its root,
+repository, commit and every file's size and digest): the node deletes only files that
+still match, under one of its roots, never through a symlink.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from schemas.base import Count, FilePath, Number, RootPath, WireModel
 from schemas.jobs import (
     Attempts,
     FailReport,
+    JobClaim,
     JobFamily,
     JobKind,
     JobState,
@@ -159,14 +164,34 @@ CreateArtifactJob = Annotated[
 ]
 
 
-class ArtifactSpec(WireModel):
-    """Everything a lease carries, and nothing else."""
+class ArtifactPlace(WireModel):
+    """An artifact's files under a root: `{target_root}/{repository}/{commit}/…`."""
 
     repository: Repository
     commit: CommitId
     files: Annotated[list[ArtifactFile], Field(max_length=MAX_FILES)]
     target_root: RootPath
+
+
+class ArtifactSpec(ArtifactPlace):
+    """Everything an acquisition's lease carries, and nothing else."""
+
     reserve: ReservePolicy
+
+
+class EvictSpec(ArtifactPlace):
+    """Everything an eviction's lease carries: the artifact as the node's inventory
+    recorded it. The node deletes a file only when its size and digest still match."""
+
+
+class EvictArtifact(WireModel):
+    """POST …/nodes/{node_id}/artifacts/evict: one artifact of the node's inventory. The
+    root may be left out when the node holds that commit under one root only."""
+
+    repository: Repository
+    commit: CommitId
+    target_root: RootPath | None = None
+    max_attempts: Attempts = 3
 
 
 class FileProgress(WireModel):
@@ -192,6 +217,29 @@ class CompleteReport(WireModel):
     _unique = field_validator("files")(_unique_paths)
 
 
+class EvictReport(CompleteReport):
+    """An eviction's completion: the spec's files, none of them on the node any more
+    (each verified and deleted, or already absent). Its `kind` tells it from an
+    acquisition's report."""
+
+    kind: Literal[JobKind.ARTIFACT_EVICT]
+
+
+def _which_report(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("kind", JobKind.ARTIFACT_ACQUIRE.value))
+    kind = JobKind.ARTIFACT_EVICT if isinstance(value, EvictReport) else JobKind.ARTIFACT_ACQUIRE
+    return kind.value
+
+
+# The …/complete body: an acquisition's report has no `kind` (as before evictions existed).
+ArtifactCompletion = Annotated[
+    Annotated[CompleteReport, Tag(JobKind.ARTIFACT_ACQUIRE.value)]
+    | Annotated[EvictReport, Tag(JobKind.ARTIFACT_EVICT.value)],
+    Discriminator(_which_report),
+]
+
+
 class ArtifactProgressView(WireModel):
     bytes_done: int
     bytes_total: int
@@ -203,8 +251,9 @@ class ArtifactProgressView(WireModel):
 
 
 class ArtifactResult(WireModel):
-    """What a completed acquisition established: the verified files are now at
-    `{root}/{repository}/{commit}/…`, an entry of the node's artifact inventory."""
+    """What a completed job established: the verified files are now (acquisition), or
+    are no longer (eviction), at `{root}/{repository}/{commit}/…`, an entry of the node's
+    artifact inventory."""
 
     root: str
     repository: str
@@ -218,12 +267,21 @@ class ArtifactJobView(JobView):
     result: ArtifactResult | None
 
 
-# An artifact job of any kind, as an operator sees it (one kind so far).
-ArtifactKindView = ArtifactJobView
+class EvictJobView(JobView):
+    kind: Literal[JobKind.ARTIFACT_EVICT]
+    spec: EvictSpec
+    # An eviction reports no byte counts: its progress only keeps its lease.
+    progress: None = None
+    result: ArtifactResult | None
+
+
+# An artifact job of any kind, as an operator sees it: the shared JobView, by `kind`.
+ArtifactKindView = ArtifactJobView | EvictJobView
+ArtifactJobAnswer = Annotated[ArtifactKindView, Field(discriminator="kind")]
 
 
 class ArtifactJobList(WireModel):
-    items: list[ArtifactKindView]
+    items: list[ArtifactJobAnswer]
 
 
 class ArtifactClaim(WireModel):
@@ -234,6 +292,15 @@ class ArtifactClaim(WireModel):
     attempt: Attempts
     spec: ArtifactSpec
     lease: Lease
+
+
+class EvictClaim(JobClaim):
+    kind: Literal[JobKind.ARTIFACT_EVICT]
+    spec: EvictSpec
+
+
+# GET …/artifact-jobs/next: the job's kind's claim, by `kind`.
+ArtifactJobClaim = Annotated[ArtifactClaim | EvictClaim, Field(discriminator="kind")]
 
 
 class CompleteAnswer(WireModel):
@@ -259,18 +326,30 @@ ARTIFACT_FAMILY: Final = JobFamily(
             view=ArtifactJobView,
             capability=JobKind.ARTIFACT_ACQUIRE.value,
         ),
+        JobType(
+            kind=JobKind.ARTIFACT_EVICT,
+            capability=JobKind.ARTIFACT_EVICT.value,
+            # What was evicted is said as what was acquired: the root, repository, commit.
+            result=ArtifactResult,
+            spec=EvictSpec,
+            claim=EvictClaim,
+            completion=EvictReport,
+            view=EvictJobView,
+        ),
     ),
-    claim=ArtifactClaim,
+    claim=ArtifactJobClaim,
     progress=ProgressReport,
     progress_view=ArtifactProgressView,
-    completion=CompleteReport,
+    completion=ArtifactCompletion,
     completed=CompleteAnswer,
     fail=FailReport,
     docs=RouteDocs(
-        claim="At most one of the calling node's queued jobs, leased to it; 204 when none.",
+        claim="""At most one of the calling node's queued jobs (an acquisition or an eviction,
+    by `kind`), leased to it; 204 when none.""",
         progress="Bytes per file; extends the lease. The answer says whether to stop (cancelled).",
-        complete="""The verified inventory. A match records the artifact on the node; a mismatch
-    fails the job (inventory_mismatch): either way the answer is 200 with the outcome.""",
+        complete="""The verified inventory. A match records the artifact on the node (an
+    eviction's, with its `kind`: removes it); a mismatch fails the job (inventory_mismatch):
+    either way the answer is 200 with the outcome.""",
         fail="A typed failure. Retried with backoff while it may help and attempts remain.",
     ),
 )

@@ -34,6 +34,8 @@ from schemas.base import SAFE_INT_MAX, Flag, Note, Number, WireModel, json_integ
 
 class JobKind(StrEnum):
     ARTIFACT_ACQUIRE = "artifact.acquire.v1"
+    # An artifact deleted from a node's root, its files verified first (schemas/artifacts.py).
+    ARTIFACT_EVICT = "artifact.evict.v1"
     RUNTIME_PROBE = "runtime.probe.v1"
     RUNTIME_HEALTH = "runtime.health.v1"
     RUNTIME_UNLOAD = "runtime.unload.v1"
@@ -76,6 +78,15 @@ class Lease(WireModel):
     expires_at: datetime
     # Report progress at least this often to keep the lease.
     renew_within_s: RenewWithin
+
+
+class JobClaim(WireModel):
+    """What a kind's claim (GET …/next) carries besides its `kind` and `spec`: the job,
+    the attempt and the lease to report under (schemas/artifacts.py: EvictClaim)."""
+
+    job_id: uuid.UUID
+    attempt: Attempts
+    lease: Lease
 
 
 class LeaseFence(WireModel):

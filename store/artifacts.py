@@ -1,7 +1,8 @@
-"""Artifact acquisition jobs: the kind-specific rules over the shared leases
-(store/leases.py): creation against the node's allowed roots, progress with milestone
+"""Artifact jobs: the kind-specific rules over the shared leases (store/leases.py).
+An acquisition: creation against the node's allowed roots, progress with milestone
 events, and the completion check that turns a verified file list into the node's
-artifact inventory."""
+artifact inventory. An eviction: creation from that inventory, refused while anything
+on the node uses the artifact, and the completion that takes it out of the inventory."""
 
 from __future__ import annotations
 
@@ -9,25 +10,30 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.artifacts import (
     ArtifactFile,
     ArtifactManifest,
+    ArtifactPlace,
     ArtifactResult,
     ArtifactSpec,
     CompleteReport,
+    EvictArtifact,
+    EvictSpec,
     JobTarget,
     ProgressReport,
 )
+from schemas.deployments import ENDED_STATES
 from schemas.errors import ErrorCode
 from schemas.events import EventType
-from schemas.jobs import FailureCode, JobKind
+from schemas.jobs import FailureCode, JobKind, JobState
 from schemas.protocol import StreamName
 from store import changes, leases, nodes
-from store.errors import Invalid
+from store.deployments.tables import Deployment
+from store.errors import Conflict, Invalid, Missing
 from store.models import Job, Node, NodeArtifact, NodeStream
 
 MILESTONES = (25, 50, 75)
@@ -69,6 +75,9 @@ async def create(
     """A queued job for the node; checked again under the node lock (a disable or a
     decommission may have committed since the caller's first check)."""
     node = await check_schedulable(session, request.node_id, request.target_root, lock=True)
+    place = (request.target_root, manifest.repository, manifest.commit)
+    # An eviction queued or running would delete what this writes.
+    await _refuse_users(session, node.id, place, kinds=(JobKind.ARTIFACT_EVICT,), deployments=False)
     spec = ArtifactSpec(
         repository=manifest.repository,
         commit=manifest.commit,
@@ -81,6 +90,125 @@ async def create(
     )
 
 
+# Evictions ------------------------------------------------------------------------------
+
+# (root, repository, commit): where an artifact is on its node.
+Place = tuple[str, str, str]
+
+
+async def _recorded(
+    session: AsyncSession, node_id: uuid.UUID, request: EvictArtifact
+) -> NodeArtifact:
+    """The inventory entry an eviction names (404 for none; 422 when it is under several
+    roots and the request names none)."""
+    query = select(NodeArtifact).where(
+        NodeArtifact.node_id == node_id,
+        NodeArtifact.repository == request.repository,
+        NodeArtifact.commit == request.commit,
+    )
+    if request.target_root is not None:
+        query = query.where(NodeArtifact.root == request.target_root)
+    rows = list((await session.execute(query)).scalars().all())
+    if not rows:
+        raise Missing(
+            f"the node's inventory has no {request.repository}@{request.commit}"
+            + (f" under {request.target_root}" if request.target_root else ""),
+            code=ErrorCode.ARTIFACT_NOT_ON_NODE,
+        )
+    if len(rows) > 1:
+        raise Invalid(
+            "the node holds that commit under several roots: name one (target_root)",
+            code=ErrorCode.VALIDATION_FAILED,
+            extra={"roots": sorted(row.root for row in rows)},
+        )
+    return rows[0]
+
+
+def _paths(spec: dict[str, Any]) -> list[str]:
+    """The node files a runtime or deployment spec loads (schemas/runtime.py: ProbeSpec,
+    schemas/deployments.py: LoadSpec): the model, its draft model and its LoRAs."""
+    draft = spec.get("draft_model") or {}
+    paths = [spec.get("artifact_path"), draft.get("path")]
+    paths += [lora.get("path") for lora in spec.get("loras") or []]
+    return [str(path) for path in paths if path]
+
+
+def _uses(spec: dict[str, Any], place: Place) -> bool:
+    """Whether a spec (a job's, or a deployment's resolved load) loads a file of the
+    artifact at `place`, or is an artifact job on the same place."""
+    root, repository, commit = place
+    prefix = f"{root}/{repository}/{commit}/"
+    if (spec.get("target_root"), spec.get("repository"), spec.get("commit")) == place:
+        return True
+    return any(path.startswith(prefix) for path in _paths(spec))
+
+
+async def _refuse_users(
+    session: AsyncSession,
+    node_id: uuid.UUID,
+    place: Place,
+    *,
+    kinds: tuple[JobKind, ...],
+    deployments: bool = True,
+) -> None:
+    """409 while a queued or leased job of `kinds` uses the artifact at `place`, or
+    (`deployments`) a deployment that has not ended loads one of its files. The node's
+    lock, taken by the caller, keeps new ones out until this transaction ends."""
+    users: list[str] = []
+    if deployments:
+        running = select(Deployment).where(
+            Deployment.node_id == node_id,
+            Deployment.state.not_in([state.value for state in ENDED_STATES]),
+        )
+        users += [
+            f"deployment {deployment.id} ({deployment.state})"
+            for deployment in (await session.execute(running)).scalars()
+            if _uses(deployment.spec, place)
+        ]
+    users += [
+        f"job {job.id} ({job.kind}, {job.state})"
+        for job in (
+            await session.execute(
+                select(Job).where(
+                    Job.node_id == node_id,
+                    Job.kind.in_([kind.value for kind in kinds]),
+                    Job.state.in_([JobState.QUEUED.value, JobState.LEASED.value]),
+                )
+            )
+        ).scalars()
+        if _uses(job.spec, place)
+    ]
+    if users:
+        root, repository, commit = place
+        raise Conflict(
+            f"{repository}@{commit} under {root} is in use on the node",
+            code=ErrorCode.STATE_CONFLICT,
+            extra={"used_by": sorted(users)[:20]},
+        )
+
+
+async def create_eviction(
+    session: AsyncSession, node_id: uuid.UUID, request: EvictArtifact, *, actor: str
+) -> Job:
+    """A queued eviction of one artifact of the node's inventory, carrying its files as
+    recorded; refused while anything on the node uses it (409)."""
+    node = await nodes.schedulable(session, node_id, locked=True)
+    artifact = await _recorded(session, node.id, request)
+    place = (artifact.root, artifact.repository, artifact.commit)
+    # Every kind: a runtime or deployment job loading one of its files, or another
+    # artifact job on the same place (an acquisition would write what this deletes).
+    await _refuse_users(session, node.id, place, kinds=tuple(JobKind))
+    spec = EvictSpec(
+        repository=artifact.repository,
+        commit=artifact.commit,
+        files=[ArtifactFile.model_validate(entry) for entry in artifact.files],
+        target_root=artifact.root,
+    )
+    return await leases.queue(
+        session, JobKind.ARTIFACT_EVICT, node.id, spec, request.max_attempts, actor=actor
+    )
+
+
 def spec_of(job: Job) -> ArtifactSpec:
     return ArtifactSpec.model_validate(job.spec)
 
@@ -89,7 +217,10 @@ def record_progress(
     session: AsyncSession, job: Job, report: ProgressReport, now: datetime, *, actor: str
 ) -> None:
     """Store the latest per-file byte counts (bounded by each file's size); an event
-    only when the total crosses a milestone, not for every report."""
+    only when the total crosses a milestone, not for every report. An eviction's report
+    only keeps its lease: it has no bytes to count."""
+    if job.kind == JobKind.ARTIFACT_EVICT:
+        return
     spec = spec_of(job)
     sizes = {f.path: f.size for f in spec.files}
     unknown = [p.path for p in report.files if p.path not in sizes]
@@ -149,9 +280,11 @@ async def complete(
     actor: str,
 ) -> list[str]:
     """Check the verified inventory against the job. A match records where the artifact
-    now is and completes the job; a mismatch fails it (inventory_mismatch, final). The
-    mismatches, empty on success."""
-    spec = spec_of(job)
+    now is (an eviction: removes it) and completes the job; a mismatch fails it
+    (inventory_mismatch, final). The mismatches, empty on success."""
+    spec: ArtifactPlace = (
+        EvictSpec.model_validate(job.spec) if job.kind == JobKind.ARTIFACT_EVICT else spec_of(job)
+    )
     problems = _mismatches(spec.files, report.files)
     if problems:
         leases.fail(
@@ -165,6 +298,18 @@ async def complete(
             actor=actor,
         )
         return problems
+    result = ArtifactResult(root=spec.target_root, repository=spec.repository, commit=spec.commit)
+    if isinstance(spec, EvictSpec):
+        await session.execute(
+            delete(NodeArtifact).where(
+                NodeArtifact.node_id == job.node_id,
+                NodeArtifact.root == spec.target_root,
+                NodeArtifact.repository == spec.repository,
+                NodeArtifact.commit == spec.commit,
+            )
+        )
+        leases.complete(session, job, now, result=result, actor=actor)
+        return []
     files = [f.model_dump(mode="json") for f in spec.files]
     await session.execute(
         insert(NodeArtifact)
@@ -182,7 +327,6 @@ async def complete(
             set_={"files": files, "job_id": job.id, "recorded_at": now},
         )
     )
-    result = ArtifactResult(root=spec.target_root, repository=spec.repository, commit=spec.commit)
     leases.complete(session, job, now, result=result, actor=actor)
     return []
 
