@@ -5,13 +5,14 @@ the operator check covers them (api/admin/routes.py)."""
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Query, status
 
-from api.admin.job_routes import AdminJobs, job_routes
 from api.admin.views import artifact_job_view
 from api.deps import AdminTransaction, State
 from api.errors import NotFound, error_responses
+from schemas.admin import PageLimit
 from schemas.artifacts import (
     ARTIFACT_FAMILY,
     ArtifactFile,
@@ -23,9 +24,11 @@ from schemas.artifacts import (
     NodeArtifact,
     NodeArtifactList,
 )
+from schemas.base import CountParam
 from schemas.events import OPERATOR_ACTOR
+from schemas.jobs import JobState
 from schemas.protocol import ARTIFACT_JOBS, NODES
-from store import artifacts
+from store import artifacts, jobs, leases, nodes
 from store.models import Node
 
 router = APIRouter()
@@ -52,18 +55,37 @@ async def create_artifact_job(
     return artifact_job_view(job)
 
 
-CANCEL = """A queued job ends cancelled at once; a claimed one is told on its next progress
-report (409 once the job has ended)."""
-router.include_router(
-    job_routes(
-        AdminJobs(
-            ARTIFACT_FAMILY,
-            ARTIFACT_JOBS,
-            ArtifactJobList,
-            cancel=CANCEL,
-        )
+@router.get(ARTIFACT_JOBS)
+async def list_artifact_jobs(
+    session: AdminTransaction,
+    node_id: uuid.UUID | None = None,
+    state: Annotated[list[JobState] | None, Query()] = None,
+    limit: PageLimit = 100,
+    offset: CountParam = 0,
+) -> ArtifactJobList:
+    rows = await leases.list_jobs(
+        session,
+        kind=ARTIFACT_FAMILY.kinds,
+        node_id=node_id,
+        states=state or [],
+        limit=limit,
+        offset=offset,
     )
-)
+    return ArtifactJobList(items=[artifact_job_view(job) for job in rows])
+
+
+@router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
+async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
+    return artifact_job_view(await jobs.job_of(session, ARTIFACT_FAMILY, job_id))
+
+
+@router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
+async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
+    """A queued job ends cancelled at once; a claimed one is told on its next progress
+    report (409 once the job has ended)."""
+    job = await jobs.job_of(session, ARTIFACT_FAMILY, job_id, lock=True)
+    leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
+    return artifact_job_view(job)
 
 
 @router.post(
