@@ -75,14 +75,13 @@ class Claim(Protocol):
     """What every kind's claim carries (schemas/jobs.py: JobType.claim): the job, its
     kind and attempt, and the lease to report under. Its spec is the kind's own."""
 
-    @property
-    def job_id(self) -> uuid.UUID: ...
+    job_id: uuid.UUID
+    attempt: int
+    lease: Lease
+
+    # Read-only: each claim narrows it to its own kinds.
     @property
     def kind(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def lease(self) -> Lease: ...
 
 
 # One parser per family's claim (a kind's claim, or the kinds' claims by `kind`): built

@@ -14,6 +14,7 @@ import pytest
 
 from agent.client import ProtocolClient, make_http_client
 from agent.jobs.artifact import ArtifactJob, ArtifactSettings
+from agent.jobs.dispatch import FamilyJobs, NotServed
 from agent.jobs.loop import REFUSED_BACKOFF, Job, claim_loop
 from agent.jobs.paths import staging_dir
 from agent.jobs.reports import FamilyReports
@@ -140,3 +141,22 @@ async def test_an_unforeseen_failure_settles_the_job_as_internal(
         settled = get_job(operator, api, job_id)
     assert settled["state"] == "queued" and settled["attempt"] == 1, settled
     assert settled["failure"]["code"] == "internal" and settled["failure"]["retryable"]
+
+
+async def test_a_claim_no_executor_here_runs_is_not_started(
+    api_factory: ApiFactory, tmp_path: Path
+) -> None:
+    """A kind of a served family this process has no executor for (a declaration ahead
+    of its node side) raises to the claim loop, which logs it and backs off; the lease
+    runs out and the job goes to a later attempt (tests/agent/test_executors.py keeps
+    every declared kind run)."""
+    root = tmp_path / "models"
+    root.mkdir()
+    api = api_factory()
+    node, job_id = one_file_job(api, root, REPO, COMMIT, "model.gguf", DATA)
+    async with make_http_client(api.base_url, trust_env=False) as http:
+        served = FamilyJobs[None](ProtocolClient(http, node.credential), ARTIFACT_FAMILY, (), None)
+        with pytest.raises(NotServed, match=r"artifact\.acquire\.v1"):
+            await served.next_job()
+    with api.client() as operator:
+        assert get_job(operator, api, job_id)["state"] == "leased"
