@@ -35,7 +35,7 @@ from agent.errors import (
     Transient,
     advice_for,
 )
-from agent.jobs import artifact
+from agent.jobs import artifact, evict
 from agent.jobs.artifact import ArtifactContext, ArtifactSettings
 from agent.jobs.dispatch import FamilyJobs
 from agent.jobs.loop import claim_loop
@@ -56,7 +56,7 @@ EXIT_REJECTED = 3
 RELOAD_POLL_S = 0.25
 # The artifact kinds this agent runs, each by the executor its module declares
 # (agent/jobs/dispatch.py): a new kind's module is imported above and added here.
-ARTIFACT_EXECUTORS: Final = (*artifact.EXECUTORS,)
+ARTIFACT_EXECUTORS: Final = (*artifact.EXECUTORS, *evict.EXECUTORS)
 
 
 def make_collector(config: AgentConfig, node_id: uuid.UUID) -> GpuCollector:
