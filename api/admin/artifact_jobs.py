@@ -5,30 +5,25 @@ the operator check covers them (api/admin/routes.py)."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, status
 
+from api.admin.job_routes import AdminJobs, job_routes
 from api.admin.views import artifact_job_view
 from api.deps import AdminTransaction, State
 from api.errors import NotFound, error_responses
-from schemas.admin import PageLimit
 from schemas.artifacts import (
     ARTIFACT_FAMILY,
-    ArtifactFile,
     ArtifactJobList,
     ArtifactKindView,
     CreateArtifactJob,
     CreateFromManifest,
     EvictArtifact,
-    NodeArtifact,
     NodeArtifactList,
 )
-from schemas.base import CountParam
 from schemas.events import OPERATOR_ACTOR
-from schemas.jobs import JobState
 from schemas.protocol import ARTIFACT_JOBS, NODES
-from store import artifacts, jobs, leases, nodes
+from store import artifacts
 from store.models import Node
 
 router = APIRouter()
@@ -55,37 +50,18 @@ async def create_artifact_job(
     return artifact_job_view(job)
 
 
-@router.get(ARTIFACT_JOBS)
-async def list_artifact_jobs(
-    session: AdminTransaction,
-    node_id: uuid.UUID | None = None,
-    state: Annotated[list[JobState] | None, Query()] = None,
-    limit: PageLimit = 100,
-    offset: CountParam = 0,
-) -> ArtifactJobList:
-    rows = await leases.list_jobs(
-        session,
-        kind=ARTIFACT_FAMILY.kinds,
-        node_id=node_id,
-        states=state or [],
-        limit=limit,
-        offset=offset,
+CANCEL = """A queued job ends cancelled at once; a claimed one is told on its next progress
+report (409 once the job has ended)."""
+router.include_router(
+    job_routes(
+        AdminJobs(
+            ARTIFACT_FAMILY,
+            ARTIFACT_JOBS,
+            ArtifactJobList,
+            cancel=CANCEL,
+        )
     )
-    return ArtifactJobList(items=[artifact_job_view(job) for job in rows])
-
-
-@router.get(ARTIFACT_JOBS + "/{job_id}", responses=error_responses(404))
-async def get_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
-    return artifact_job_view(await jobs.job_of(session, ARTIFACT_FAMILY, job_id))
-
-
-@router.post(ARTIFACT_JOBS + "/{job_id}/cancel", responses=error_responses(404, 409))
-async def cancel_artifact_job(job_id: uuid.UUID, session: AdminTransaction) -> ArtifactKindView:
-    """A queued job ends cancelled at once; a claimed one is told on its next progress
-    report (409 once the job has ended)."""
-    job = await jobs.job_of(session, ARTIFACT_FAMILY, job_id, lock=True)
-    leases.request_cancel(session, job, await nodes.now(session), actor=OPERATOR_ACTOR)
-    return artifact_job_view(job)
+)
 
 
 @router.post(
@@ -111,17 +87,4 @@ async def list_node_artifacts(node_id: uuid.UUID, session: AdminTransaction) -> 
     if await session.get(Node, node_id) is None:
         raise NotFound(f"no node {node_id}")
     rows = await artifacts.node_artifacts(session, node_id)
-    return NodeArtifactList(
-        items=[
-            NodeArtifact(
-                node_id=row.node_id,
-                root=row.root,
-                repository=row.repository,
-                commit=row.commit,
-                files=[ArtifactFile.model_validate(f) for f in row.files],
-                job_id=row.job_id,
-                recorded_at=row.recorded_at,
-            )
-            for row in rows
-        ]
-    )
+    return NodeArtifactList.model_validate({"items": rows}, from_attributes=True)

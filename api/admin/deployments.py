@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
+from api.admin.job_routes import AdminJobs, job_routes
 from api.admin.views import deployment_job_view, deployment_view
 from api.deps import AdminTransaction
 from api.errors import error_responses
@@ -16,21 +17,16 @@ from schemas.admin import PageLimit
 from schemas.base import CountParam
 from schemas.deployments import (
     DEPLOYMENT_FAMILY,
-    KINDS,
     DeploymentCreate,
     DeploymentDrain,
     DeploymentJobList,
-    DeploymentJobView,
-    DeploymentKindView,
     DeploymentList,
     DeploymentState,
     DeploymentView,
     ServedModel,
 )
 from schemas.events import OPERATOR_ACTOR
-from schemas.jobs import JobState
 from schemas.protocol import DEPLOYMENT_JOBS, DEPLOYMENTS
-from store import jobs, leases
 from store.deployments import rules as deployments
 
 router = APIRouter()
@@ -97,21 +93,15 @@ async def list_jobs_of_deployment(
     return DeploymentJobList(items=[deployment_job_view(job) for job in rows])
 
 
-@router.get(DEPLOYMENT_JOBS)
-async def list_deployment_jobs(
-    session: AdminTransaction,
-    node_id: uuid.UUID | None = None,
-    state: Annotated[list[JobState] | None, Query()] = None,
-    limit: PageLimit = 100,
-    offset: CountParam = 0,
-) -> DeploymentJobList:
-    """Deployment jobs of every kind, newest first."""
-    rows = await leases.list_jobs(
-        session, kind=KINDS, node_id=node_id, states=state or [], limit=limit, offset=offset
+# A deployment's jobs are cancelled by draining or unloading it, never one by one.
+router.include_router(
+    job_routes(
+        AdminJobs(
+            DEPLOYMENT_FAMILY,
+            DEPLOYMENT_JOBS,
+            DeploymentJobList,
+            listed="Deployment jobs of every kind, newest first.",
+            cancel=None,
+        )
     )
-    return DeploymentJobList(items=[deployment_job_view(job) for job in rows])
-
-
-@router.get(DEPLOYMENT_JOBS + "/{job_id}", response_model=DeploymentJobView, responses=MISSING)
-async def get_deployment_job(job_id: uuid.UUID, session: AdminTransaction) -> DeploymentKindView:
-    return deployment_job_view(await jobs.job_of(session, DEPLOYMENT_FAMILY, job_id))
+)
