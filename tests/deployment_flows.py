@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.deployments import ENDED_STATES
 from schemas.protocol import (
+    AUDIT,
     DEPLOYMENT_JOB_COMPLETE,
     DEPLOYMENT_JOB_FAIL,
     DEPLOYMENT_JOBS_NEXT,
@@ -36,6 +37,7 @@ from schemas.protocol import (
 from store.deployments.rules import ReconcilePolicy
 from store.liveness import LivenessThresholds
 from store.liveness_sweep import sweep
+from tests.admin_helpers import ok
 from tests.agent.harness import wait_until
 from tests.api_server import RunningApi
 from tests.artifact_flows import COMMIT, REPOSITORY
@@ -210,14 +212,41 @@ def ready_deployment(
     return deployed
 
 
-def service_client(client: httpx.Client, api: RunningApi, **body: Any) -> str:
-    """A service client's secret (scoped to the model `smol` and role `planner` unless
-    the body says otherwise)."""
+def created_service_client(client: httpx.Client, api: RunningApi, **body: Any) -> dict[str, Any]:
+    """A new service client as the API answered its creation (its id, its secret), scoped
+    to the model `smol` and role `planner` unless the body says otherwise."""
     payload = {"name": "app", "models": ["smol"], "roles": ["planner"], **body}
-    response = client.post(SERVICE_CLIENTS, json=payload, headers=api.admin_headers)
-    assert response.status_code == 201, response.text
-    secret: str = response.json()["secret"]
+    created: dict[str, Any] = ok(
+        client.post(SERVICE_CLIENTS, json=payload, headers=api.admin_headers), 201
+    )
+    return created
+
+
+def service_client(client: httpx.Client, api: RunningApi, **body: Any) -> str:
+    """A new service client's secret (created_service_client)."""
+    secret: str = created_service_client(client, api, **body)["secret"]
     return secret
+
+
+def live_and_revoked(client: httpx.Client, api: RunningApi, name: str) -> tuple[str, str]:
+    """The secrets of a live service client (`name`-live) and of a revoked one
+    (`name`-revoked)."""
+    live = service_client(client, api, name=f"{name}-live")
+    revoked = created_service_client(client, api, name=f"{name}-revoked")
+    ok(client.post(f"{SERVICE_CLIENTS}/{revoked['id']}/revoke", headers=api.admin_headers))
+    return live, revoked["secret"]
+
+
+def transitions(api: RunningApi, deployment_id: str) -> list[tuple[str, str]]:
+    """The deployment's state changes, oldest first, as the audit log has them."""
+    api.settle()
+    with api.client() as client:
+        rows = client.get(
+            AUDIT,
+            params={"action": "deployment.state_changed", "target_id": deployment_id},
+            headers=api.admin_headers,
+        ).json()["items"]
+    return [(r["details"]["previous"], r["details"]["state"]) for r in reversed(rows)]
 
 
 @dataclass

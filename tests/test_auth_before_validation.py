@@ -29,11 +29,11 @@ from schemas.protocol import (
     ENROLL,
     GATEWAY_PREFIX,
     NODES,
-    SERVICE_CLIENTS,
 )
 from schemas.ui import CSRF_HEADER, SESSION_COOKIE
 from tests.admin_helpers import ok
 from tests.api_server import OPERATOR_KEY, RunningApi
+from tests.deployment_flows import live_and_revoked
 from tests.flows import create_token, enroll
 
 _PARAM = re.compile(r"\{([^}]+)\}")
@@ -68,19 +68,9 @@ def known(shared_api: RunningApi) -> Known:
                 f"{NODES}/{disabled.node_id}", json={"enabled": False}, headers=api.admin_headers
             )
         )
-
-        def service_client(name: str) -> dict[str, Any]:
-            body = {"name": name, "models": ["smollm2-135m"], "roles": ["chat"]}
-            created: dict[str, Any] = ok(
-                client.post(SERVICE_CLIENTS, json=body, headers=api.admin_headers), 201
-            )
-            return created
-
-        live = service_client("auth-first-live")
-        revoked = service_client("auth-first-revoked")
-        ok(client.post(f"{SERVICE_CLIENTS}/{revoked['id']}/revoke", headers=api.admin_headers))
+        live, revoked = live_and_revoked(client, api, "auth-first")
         token = create_token(client, api)
-    return Known(node.credential, disabled.credential, live["secret"], revoked["secret"], token)
+    return Known(node.credential, disabled.credential, live, revoked, token)
 
 
 def _bearer(name: str, value: str) -> Credential:

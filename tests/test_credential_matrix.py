@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 import httpx
 import pytest
@@ -22,10 +21,9 @@ from schemas.protocol import (
     GATEWAY_MODELS,
     HEARTBEAT,
     NODES,
-    SERVICE_CLIENTS,
 )
-from tests.admin_helpers import ok
 from tests.api_server import OPERATOR_KEY, RunningApi
+from tests.deployment_flows import live_and_revoked
 from tests.flows import enroll, heartbeat_body
 
 
@@ -54,24 +52,14 @@ def presented(shared_api: RunningApi) -> Presented:
     api = shared_api
     with api.client() as client:
         node = enroll(client, api, hostname="matrix-host")
-
-        def service_client(name: str) -> dict[str, Any]:
-            body = {"name": name, "models": ["smollm2-135m"], "roles": ["chat"]}
-            created: dict[str, Any] = ok(
-                client.post(SERVICE_CLIENTS, json=body, headers=api.admin_headers), 201
-            )
-            return created
-
-        live = service_client("matrix-live")
-        revoked = service_client("matrix-revoked")
-        ok(client.post(f"{SERVICE_CLIENTS}/{revoked['id']}/revoke", headers=api.admin_headers))
+        live, revoked = live_and_revoked(client, api, "matrix")
     return Presented(
         node_id=node.node_id,
         values={
             Kind.NONE: None,
             Kind.NODE: node.credential,
-            Kind.SERVICE: live["secret"],
-            Kind.REVOKED_SERVICE: revoked["secret"],
+            Kind.SERVICE: live,
+            Kind.REVOKED_SERVICE: revoked,
             Kind.OPERATOR: OPERATOR_KEY,
         },
     )

@@ -35,11 +35,11 @@ from tests.deployment_flows import (
     deployment,
     ready_deployment,
     state_after_sweeps,
+    transitions,
     until_state,
 )
 from tests.held_channel import channel
 from tests.services import db_fetch
-from tests.test_deployments import transitions
 from workers.deployments import reconcile
 
 # The channel's end to the view's `unavailable`: the grace, a sweep, the test's polling.

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from schemas.protocol import AUDIT, DEPLOYMENTS
+from schemas.protocol import DEPLOYMENTS
 from store.deployments.reconcile import REPORT_MARGIN
 from store.deployments.rules import ReconcilePolicy
 from tests.agent.harness import wait_until
@@ -33,6 +33,7 @@ from tests.deployment_flows import (
     fail_deployment_job,
     ready_deployment,
     state_after_sweeps,
+    transitions,
     until_state,
 )
 from tests.flows import THRESHOLDS
@@ -47,17 +48,6 @@ def lifecycle_api(api_factory: ApiFactory) -> RunningApi:
         offline_after_s=THRESHOLDS.offline_after_s,
         job_retry_base_s=0.1,
     )
-
-
-def transitions(api: RunningApi, deployment_id: str) -> list[tuple[str, str]]:
-    api.settle()
-    with api.client() as client:
-        rows = client.get(
-            AUDIT,
-            params={"action": "deployment.state_changed", "target_id": deployment_id},
-            headers=api.admin_headers,
-        ).json()["items"]
-    return [(r["details"]["previous"], r["details"]["state"]) for r in reversed(rows)]
 
 
 def test_load_ready_drain_unloaded_each_step_audited(lifecycle_api: RunningApi) -> None:

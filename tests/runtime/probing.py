@@ -11,19 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
-from schemas.protocol import NODES, RUNTIME_ENVIRONMENTS, RUNTIME_JOBS
+from schemas.protocol import GATEWAY_PREFIX, NODES, RUNTIME_ENVIRONMENTS, RUNTIME_JOBS
 from tests.agent.artifact_agent import StartAgent, created, ended, start_agent
 from tests.agent.harness import admin, wait_until
 from tests.api_server import ApiFactory, RunningApi
+from tests.deployment_flows import create_deployment, service_client, wait_for_deployment
 from tests.hub_server import HubServer
 from tests.runtime.harness import RuntimeProcess
+from tests.runtime_flows import create_profile
 
 REPO = "acme/smollm2"
 COMMIT = "5e15d1f0a0b4c3d2e1f00112233445566778899a"
 GGUF = "smollm2.Q4_1.gguf"
 StartRuntime = Callable[..., RuntimeProcess]
+MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture
@@ -139,3 +143,48 @@ def run_job(api: RunningApi, body: dict[str, Any]) -> dict[str, Any]:
         response = client.post(RUNTIME_JOBS, json=body, headers=api.admin_headers)
     assert response.status_code == 201, response.text
     return ended(api, response.json()["id"], 90, collection=RUNTIME_JOBS)
+
+
+def deploy_model(
+    api: RunningApi,
+    node_id: str,
+    environment_id: str,
+    profile_id: str,
+    model: str = "smol",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A deployment of the node's model (REPO at COMMIT, its GGUF) on its CPU for the role
+    `planner`, once ready."""
+    body = {
+        "node_id": node_id,
+        "device_id": "cpu",
+        "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
+        "profile_id": profile_id,
+        "environment_id": environment_id,
+        "model": model,
+        "roles": ["planner"],
+        **extra,
+    }
+    with api.client() as client:
+        created = create_deployment(client, api, body)
+    return wait_for_deployment(api, created["id"], "ready", 90)
+
+
+def deployed(node: ProbeNode, environment: str, **extra: Any) -> dict[str, Any]:
+    """A deployment of the node's model, once ready."""
+    with node.api.client() as client:
+        profile = create_profile(client, node.api, "deploy-small", ctx_size=512, threads=2)
+    return deploy_model(node.api, node.node_id, environment, profile["id"], **extra)
+
+
+def gateway(api: RunningApi, **scope: Any) -> tuple[openai.OpenAI, str]:
+    """The official client of the API's gateway, as a new service client (its scope
+    `scope`, deployment_flows.py's defaults otherwise), and that client's secret."""
+    with api.client() as client:
+        secret = service_client(client, api, **scope)
+    base = api.base_url + GATEWAY_PREFIX
+    return openai.OpenAI(base_url=base, api_key=secret, max_retries=0, timeout=60), secret
+
+
+def gateway_client(node: ProbeNode) -> openai.OpenAI:
+    return gateway(node.api)[0]

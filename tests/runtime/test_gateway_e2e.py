@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import openai
 
 from schemas.protocol import (
     DEPLOYMENTS,
-    GATEWAY_PREFIX,
     ROUTE_DEPLOYMENT_HEADER,
     ROUTE_DEVICE_HEADER,
     ROUTE_NODE_HEADER,
@@ -22,39 +20,8 @@ from schemas.protocol import (
     ROUTE_REASON_HEADER,
 )
 from tests.agent.harness import admin
-from tests.deployment_flows import create_deployment, service_client, wait_for_deployment
-from tests.runtime.probing import COMMIT, GGUF, REPO, ProbeNode
-from tests.runtime_flows import create_profile
-
-MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
-
-
-def deployed(node: ProbeNode, environment: str, **extra: Any) -> dict[str, Any]:
-    """A deployment of the node's model, once ready."""
-    api = node.api
-    with api.client() as client:
-        profile = create_profile(client, api, "deploy-small", ctx_size=512, threads=2)
-    body = {
-        "node_id": node.node_id,
-        "device_id": "cpu",
-        "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
-        "profile_id": profile["id"],
-        "environment_id": environment,
-        "model": "smol",
-        "roles": ["planner"],
-        **extra,
-    }
-    with api.client() as client:
-        created = create_deployment(client, api, body)
-    return wait_for_deployment(api, created["id"], "ready", 90)
-
-
-def gateway_client(node: ProbeNode) -> openai.OpenAI:
-    with node.api.client() as client:
-        secret = service_client(client, node.api)
-    return openai.OpenAI(
-        base_url=node.api.base_url + GATEWAY_PREFIX, api_key=secret, max_retries=0, timeout=60
-    )
+from tests.deployment_flows import wait_for_deployment
+from tests.runtime.probing import MESSAGES, ProbeNode, deployed, gateway_client
 
 
 def test_load_ready_and_invoke_plain_and_streamed_through_the_openai_client(

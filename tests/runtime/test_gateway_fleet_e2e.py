@@ -25,7 +25,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import (
     GATEWAY_CHAT_COMPLETIONS,
-    GATEWAY_PREFIX,
     ROUTE_NODE_HEADER,
 )
 from store.liveness import LivenessThresholds
@@ -33,19 +32,16 @@ from tests.agent.artifact_agent import StartAgent
 from tests.agent.harness import admin, wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import (
-    create_deployment,
-    service_client,
     state_after_sweeps,
     until_state,
-    wait_for_deployment,
 )
 from tests.hub_server import HubServer
 from tests.runtime.harness import RuntimeProcess
 from tests.runtime.probing import (
-    COMMIT,
-    GGUF,
     REPO,
     StartRuntime,
+    deploy_model,
+    gateway,
     node_with_model,
     reported_environment,
     runtime_beside,
@@ -118,25 +114,7 @@ def deploy(
         profile = create_profile(
             client, api, f"p-{model}", ctx_size=ctx_size, threads=1, server_args={"parallel": 1}
         )
-        body = {
-            "node_id": node.node_id,
-            "device_id": "cpu",
-            "artifact": {"repository": REPO, "commit": COMMIT, "path": GGUF},
-            "profile_id": profile["id"],
-            "environment_id": environment,
-            "model": model,
-            "roles": ["planner"],
-            **extra,
-        }
-        created = create_deployment(client, api, body)
-    return wait_for_deployment(api, created["id"], "ready", 90)
-
-
-def gateway(api: RunningApi, **scope: Any) -> tuple[openai.OpenAI, str]:
-    with api.client() as client:
-        secret = service_client(client, api, **scope)
-    base = api.base_url + GATEWAY_PREFIX
-    return openai.OpenAI(base_url=base, api_key=secret, max_retries=0, timeout=60), secret
+    return deploy_model(api, node.node_id, environment, profile["id"], model, **extra)
 
 
 def test_a_role_is_routed_across_two_deployments_on_two_nodes(

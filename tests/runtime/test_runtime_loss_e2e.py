@@ -19,8 +19,7 @@ from schemas.protocol import DEPLOYMENTS, NODES
 from store.deployments import runtime_channels
 from tests.agent.harness import admin
 from tests.deployment_flows import RECONCILE_POLICY, deployment, until_state
-from tests.runtime.probing import ProbeNode
-from tests.runtime.test_gateway_e2e import MESSAGES, deployed, gateway_client
+from tests.runtime.probing import MESSAGES, ProbeNode, deployed, gateway_client
 from workers.deployments import reconcile
 
 # The channel's end to the admin API's `unavailable`: the grace, a sweep, the polling;
