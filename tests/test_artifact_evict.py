@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from schemas.artifacts import ArtifactJobList, EvictJobView
 from schemas.protocol import ARTIFACT_JOB_COMPLETE, ARTIFACT_JOBS, AUDIT, NODES
 from tests import deployment_flows as deployments
 from tests import runtime_flows as runtime
@@ -29,9 +30,12 @@ from tests.artifact_flows import (
 )
 from tests.artifact_flows import complete as complete_acquisition
 from tests.artifact_flows import create_job as create_acquisition
+from tests.cli_support import ONE_LINE_ERROR, Admin
+from tests.cli_support import ok as ran
 from tests.flows import EnrolledNode
 
 EVICT = "artifact.evict.v1"
+pytest_plugins = ["tests.cli_fixtures"]
 
 
 @pytest.fixture
@@ -211,3 +215,27 @@ def test_another_nodes_credential_cannot_evict_or_report(evict_api: RunningApi) 
         assert as_node.status_code == 401
         ok(complete_eviction(client, owner, job_id, report))
         assert inventory(client, api, owner) == []
+
+
+def test_the_cli_verb_evicts_and_its_refusals_are_one_line(admin: Admin, api: RunningApi) -> None:
+    with api.client() as client:
+        node = holding(client, api)
+    artifact = f"{REPOSITORY}@{COMMIT}"
+    evicted = ran(admin("jobs", "evict", node.node_id, artifact, "--json"))
+    job = EvictJobView.model_validate_json(evicted)
+    assert job.kind == EVICT and job.spec.target_root == ROOT and job.state == "queued"
+    # Listed and shown with the acquisition that put it there, each by its kind.
+    listed = ArtifactJobList.model_validate_json(ran(admin("jobs", "list", "--json")))
+    assert sorted(j.kind.value for j in listed.items) == ["artifact.acquire.v1", EVICT]
+    assert "evict" in ran(admin("jobs", "get", str(job.id)))
+    # The API's 409 (an eviction of it is queued already) and 404, as one line each.
+    unknown = f"{REPOSITORY}@{'e' * 40}"
+    for other, code in ((artifact, "state_conflict"), (unknown, "artifact_not_on_node")):
+        refusal = admin("jobs", "evict", node.node_id, other)
+        match = ONE_LINE_ERROR.match(refusal.stderr.strip())
+        assert refusal.returncode == 1 and match and match["code"] == code, refusal.stderr
+    # Not REPOSITORY@COMMIT, or a root that is not absolute: a usage line, no round trip.
+    for wrong in (("nonsense",), (f"{REPOSITORY}@main",), (artifact, "--root", "relative")):
+        usage = admin("jobs", "evict", node.node_id, *wrong)
+        assert usage.returncode == 2 and "REPOSITORY@COMMIT" in usage.stderr, usage.stderr
+        assert "Traceback" not in usage.stderr

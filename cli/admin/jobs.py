@@ -1,5 +1,5 @@
-"""`modelforge admin jobs …`: artifact jobs (a model's files acquired onto a node):
-create, list, get, watch with a progress bar, cancel."""
+"""`modelforge admin jobs …`: artifact jobs (a model's files acquired onto a node, or
+evicted from it): create, evict, list, get, watch with a progress bar, cancel."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import RootModel, TypeAdapter, ValidationError
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,16 +26,28 @@ from cli.admin.listing import list_command
 from cli.admin.output import Column, Output
 from cli.admin.watch import follow_one
 from cli.terminal import visible
-from schemas.artifacts import ArtifactJobList, ArtifactJobView, ArtifactManifest, CreateArtifactJob
+from schemas.artifacts import (
+    ArtifactJobAnswer,
+    ArtifactJobList,
+    ArtifactJobView,
+    ArtifactKindView,
+    ArtifactManifest,
+    CreateArtifactJob,
+    EvictArtifact,
+)
 from schemas.jobs import TERMINAL_STATES, JobState
-from schemas.protocol import ARTIFACT_JOBS
+from schemas.protocol import ARTIFACT_JOBS, NODES
 
-app = typer.Typer(help="artifact jobs: create, list, get, watch, cancel")
+app = typer.Typer(help="artifact jobs: create, evict, list, get, watch, cancel")
 
 JobArg = Annotated[uuid.UUID, typer.Argument(help="the job's id")]
 
 
-def _progress(job: ArtifactJobView) -> str:
+class ArtifactJob(RootModel[ArtifactJobAnswer]):
+    """One artifact job of any kind (an acquisition, an eviction), read by its `kind`."""
+
+
+def _progress(job: ArtifactKindView) -> str:
     if job.progress is None:
         return "-"
     p = job.progress
@@ -43,7 +55,8 @@ def _progress(job: ArtifactJobView) -> str:
     return f"{percent:.0f}% ({p.files_done}/{p.files_total} files)"
 
 
-JOB_COLUMNS: list[Column[ArtifactJobView]] = [
+JOB_COLUMNS: list[Column[ArtifactKindView]] = [
+    Column("KIND", lambda j: j.kind.value.split(".")[1]),
     Column("ID", lambda j: j.id),
     Column("NODE", lambda j: j.node_id),
     Column("STATE", lambda j: j.state, styled=True),
@@ -99,20 +112,52 @@ def create(
     show_row(ctx, json, JOB_COLUMNS, create)
 
 
+@app.command("evict")
+def evict(
+    ctx: typer.Context,
+    node: Annotated[uuid.UUID, typer.Argument(help="the node to evict it from")],
+    artifact: Annotated[
+        str, typer.Argument(help="REPOSITORY@COMMIT (a full commit), from `nodes artifacts`")
+    ],
+    root: Annotated[
+        str | None, typer.Option(help="its root, where the node holds it under several")
+    ] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, max=20)] = 3,
+    json: JsonOption = False,
+) -> None:
+    """Queue an eviction: the node deletes the artifact's files that still match its
+    inventory (never through a symlink), and the artifact leaves the inventory. Refused
+    while a deployment, or a queued or leased job, uses it."""
+    repository, _, commit = artifact.rpartition("@")
+    try:
+        # Checked here as the API will: a mistake is a usage line, not a round trip.
+        request = EvictArtifact(
+            repository=repository, commit=commit, target_root=root, max_attempts=max_attempts
+        )
+    except ValidationError as exc:
+        field = ".".join(str(part) for part in exc.errors()[0]["loc"])
+        raise typer.BadParameter(
+            f"not REPOSITORY@COMMIT with a full 40-hex commit and an absolute --root ({field})"
+        ) from None
+    path = f"{NODES}/{node}/artifacts/evict"
+    show_row(ctx, json, JOB_COLUMNS, lambda c: c.call(ArtifactJob, "POST", path, body=request).root)
+
+
 app.command("list")(list_command(ArtifactJobList, ARTIFACT_JOBS, JOB_COLUMNS))
 
 
 @app.command("get")
 def get_job(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
-    _show(output(json), answer(ctx, lambda c: c.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")))
+    _show(output(json), answer(ctx, lambda c: c.get(ArtifactJob, f"{ARTIFACT_JOBS}/{job}").root))
 
 
-def _show(out: Output, view: ArtifactJobView) -> None:
+def _show(out: Output, view: ArtifactKindView) -> None:
     out.detail(
         view,
         [
             ("id", view.id),
             ("node", view.node_id),
+            ("kind", view.kind),
             ("state", view.state),
             ("cancel requested", view.cancel_requested),
             ("repository", f"{view.spec.repository}@{view.spec.commit}"),
@@ -132,7 +177,7 @@ def _show(out: Output, view: ArtifactJobView) -> None:
 def cancel(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
     """A queued job ends at once; a running one is told on its next progress report."""
     show_row(
-        ctx, json, JOB_COLUMNS, lambda c: c.post(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}/cancel")
+        ctx, json, JOB_COLUMNS, lambda c: c.post(ArtifactJob, f"{ARTIFACT_JOBS}/{job}/cancel").root
     )
 
 
@@ -144,8 +189,8 @@ def watch(ctx: typer.Context, job: JobArg, json: JsonOption = False) -> None:
     with admin(ctx).client() as client, _bar(out) as bar:
         task = bar.add_task(str(job), total=None) if bar is not None else None
 
-        def read() -> ArtifactJobView:
-            view = client.get(ArtifactJobView, f"{ARTIFACT_JOBS}/{job}")
+        def read() -> ArtifactKindView:
+            view = client.get(ArtifactJob, f"{ARTIFACT_JOBS}/{job}").root
             if out.json_mode:
                 out.json(view)
             elif bar is not None and task is not None:
