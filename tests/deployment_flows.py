@@ -74,16 +74,16 @@ def deployment_body(
 def create_deployment(
     client: httpx.Client, api: RunningApi, body: dict[str, Any]
 ) -> dict[str, Any]:
-    response = client.post(DEPLOYMENTS, json=body, headers=api.admin_headers)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
+    created: dict[str, Any] = ok(
+        client.post(DEPLOYMENTS, json=body, headers=api.admin_headers), 201
+    )
     return created
 
 
 def deployment(client: httpx.Client, api: RunningApi, deployment_id: str) -> dict[str, Any]:
-    response = client.get(f"{DEPLOYMENTS}/{deployment_id}", headers=api.admin_headers)
-    assert response.status_code == 200, response.text
-    view: dict[str, Any] = response.json()
+    view: dict[str, Any] = ok(
+        client.get(f"{DEPLOYMENTS}/{deployment_id}", headers=api.admin_headers)
+    )
     return view
 
 
@@ -136,9 +136,7 @@ async def until_state(
 
 
 def claim_deployment_job(client: httpx.Client, node: EnrolledNode) -> dict[str, Any]:
-    response = client.get(DEPLOYMENT_JOBS_NEXT, headers=node.headers)
-    assert response.status_code == 200, response.text
-    claim: dict[str, Any] = response.json()
+    claim: dict[str, Any] = ok(client.get(DEPLOYMENT_JOBS_NEXT, headers=node.headers))
     return claim
 
 

@@ -1,6 +1,7 @@
-"""Operator routes for artifact jobs: create (an acquisition), list, get, cancel; the
-node's artifact inventory, and an eviction from it. Included in the admin router, so
-the operator check covers them (api/admin/routes.py)."""
+"""Operator routes for artifact jobs: create (an acquisition), list, get, cancel (these
+three from the family's declaration, api/admin/job_routes.py); the node's artifact
+inventory, and an eviction from it. Included in the admin router, so the operator check
+covers them (api/admin/routes.py)."""
 
 from __future__ import annotations
 

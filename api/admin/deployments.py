@@ -1,6 +1,7 @@
 """Operator routes for deployments: create, list, get, drain and unload, and the jobs
-that move them (shown through the one job view, api/admin/views.py). Included in the
-admin router (operator check); the rules are in store/deployments/rules.py."""
+that move them (a deployment's here; every deployment job's list and get from the
+family's declaration, api/admin/job_routes.py). Included in the admin router (operator
+check); the rules are in store/deployments/rules.py."""
 
 from __future__ import annotations
 

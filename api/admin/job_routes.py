@@ -34,7 +34,8 @@ class AdminJobs:
     family: JobFamily
     path: str
     page: type[WireModel]
-    # What the document says of the list and of cancelling ("" for nothing).
+    # What the document says of the list and of cancelling ("" for nothing); cancel
+    # None: the family's jobs are not cancelled one by one (no cancel route).
     listed: str = ""
     cancel: str | None = ""
 

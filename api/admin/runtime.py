@@ -1,7 +1,7 @@
 """Operator routes for the runtime: profiles (immutable versions), environments (the
-binaries nodes reported), runtime jobs of every kind (create, list, get, cancel; shown
-through the one job view, api/admin/views.py), probe evidence, and a node's last
-runtime report. Included in the admin router (operator check)."""
+binaries nodes reported), runtime jobs of every kind (create here; list, get and cancel
+from the family's declaration, api/admin/job_routes.py), probe evidence, and a node's
+last runtime report. Included in the admin router (operator check)."""
 
 from __future__ import annotations
 
