@@ -1,15 +1,22 @@
-"""Shared steps of the admin API tests (tests/test_admin_*.py)."""
+"""Shared steps of the admin API tests (tests/test_admin_*.py), and the operators' event
+stream held open as a test reads it (watching)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from sqlalchemy import NullPool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from schemas.protocol import AUDIT
+from schemas.events import CloudEvent
+from schemas.protocol import ADMIN_EVENTS, AUDIT
 from tests.api_server import RunningApi
 from tests.flows import (
     ENROLL,
@@ -129,3 +136,81 @@ def outbox_count(database_url: str) -> int:
 
 def audit_count(client: httpx.Client, api: RunningApi) -> int:
     return len(audit(client, api))
+
+
+# --------------------------------------------------------------------------- event stream
+
+# An event is published by the relay within its poll interval (0.5 s in tests) of the
+# commit; this bounds the whole trip with room for a loaded machine.
+ARRIVAL_S = 15.0
+
+
+@dataclass
+class Stream:
+    events: asyncio.Queue[tuple[str, str, dict[str, Any]]] = field(default_factory=asyncio.Queue)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set only when the API ends the stream, not when the connection breaks.
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def next(self, timeout_s: float = ARRIVAL_S) -> tuple[str, str, dict[str, Any]]:
+        return await asyncio.wait_for(self.events.get(), timeout_s)
+
+    async def until(self, action: str) -> CloudEvent:
+        """The next event with this action, skipping the others."""
+        while True:
+            _, _, data = await self.next()
+            if data.get("action") == action:
+                return CloudEvent.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    api: RunningApi,
+    resume_after: str | None = None,
+    *,
+    cookies: dict[str, str] | None = None,
+    **params: str,
+) -> AsyncIterator[Stream]:
+    """An open admin event stream; entered once the API says it is subscribed.
+    resume_after: the Last-Event-ID it reconnects with; cookies: a dashboard session's,
+    sent instead of the operator key."""
+    headers = dict(api.admin_headers) if cookies is None else {}
+    if resume_after is not None:
+        headers["Last-Event-ID"] = resume_after
+    held = Stream()
+
+    async def hold() -> None:
+        timeout = httpx.Timeout(10.0, read=60.0)
+        async with (
+            httpx.AsyncClient(base_url=api.base_url, timeout=timeout, cookies=cookies) as client,
+            client.stream("GET", ADMIN_EVENTS, params=params, headers=headers) as got,
+        ):
+            assert got.status_code == 200
+            assert got.headers["content-type"].startswith("text/event-stream")
+            fields: dict[str, str] = {}
+            async for line in got.aiter_lines():
+                if line == ": connected":
+                    held.opened.set()
+                elif line == "":
+                    if "event" in fields:
+                        data = json.loads(fields.get("data", "{}"))
+                        await held.events.put((fields.get("id", ""), fields["event"], data))
+                    fields = {}
+                elif not line.startswith(":"):
+                    name, _, value = line.partition(": ")
+                    fields[name] = value
+        held.closed.set()
+
+    task = asyncio.create_task(hold())
+    opened = asyncio.create_task(held.opened.wait())
+    await asyncio.wait({task, opened}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # the reader's failure, as it is
+    assert held.opened.is_set(), "the event stream did not open"
+    try:
+        yield held
+    finally:
+        opened.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -87,6 +87,24 @@ def metric(client: httpx.Client, sample: str) -> float:
     return 0.0
 
 
+def fast(client: httpx.Client, route: str, outcome: str) -> float:
+    """How many of the route's requests the raw fast path (api/agent/fast_path.py) ended
+    with this outcome (answered, declined, …)."""
+    return metric(client, f'modelforge_fast_path_total{{outcome="{outcome}",route="{route}"}}')
+
+
+def cached(client: httpx.Client, node: EnrolledNode) -> None:
+    """Heartbeat until the raw route answers the node: it is in the node cache."""
+    before = fast(client, HEARTBEAT, "answered")
+
+    def answered() -> bool:
+        beat = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
+        assert beat.status_code == 200, beat.text
+        return fast(client, HEARTBEAT, "answered") > before
+
+    wait_until(answered, 10, "a heartbeat answered by the raw route")
+
+
 def samples(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of this API's /metrics by name and labels, whatever their order (a
     `--processes N` port writes them sorted, a single process as declared)."""

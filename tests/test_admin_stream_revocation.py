@@ -17,11 +17,10 @@ from fastapi import FastAPI
 from api.ui.session import UiSessions
 from schemas.protocol import ADMIN_EVENTS
 from schemas.ui import CSRF_COOKIE, CSRF_HEADER, LOGIN_FIELD, SESSION_COOKIE, UI_LOGIN, UI_LOGOUT
-from tests.admin_helpers import refused
+from tests.admin_helpers import refused, watching
 from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
 from tests.cli_support import COMMAND_S, Running
 from tests.flows import TOKENS
-from tests.test_admin_events import watching
 
 pytest_plugins = ["tests.cli_fixtures"]
 

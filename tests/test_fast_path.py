@@ -11,26 +11,9 @@ from __future__ import annotations
 import httpx
 
 from schemas.protocol import CORRELATION_HEADER, HEARTBEAT, TELEMETRY
-from tests.agent.harness import wait_until
-from tests.api_processes import metric
+from tests.api_processes import cached, fast, metric
 from tests.api_server import RunningApi
-from tests.flows import EnrolledNode, enroll, heartbeat_body, telemetry_body
-
-
-def fast(client: httpx.Client, route: str, outcome: str) -> float:
-    return metric(client, f'modelforge_fast_path_total{{outcome="{outcome}",route="{route}"}}')
-
-
-def cached(client: httpx.Client, node: EnrolledNode) -> None:
-    """Heartbeat until the raw route answers the node: it is in the node cache."""
-    before = fast(client, HEARTBEAT, "answered")
-
-    def answered() -> bool:
-        beat = client.post(HEARTBEAT, json=heartbeat_body(node.node_id), headers=node.headers)
-        assert beat.status_code == 200, beat.text
-        return fast(client, HEARTBEAT, "answered") > before
-
-    wait_until(answered, 10, "a heartbeat answered by the raw route")
+from tests.flows import enroll, heartbeat_body, telemetry_body
 
 
 def test_a_cached_nodes_routine_heartbeat_and_telemetry_are_answered_by_the_raw_routes(

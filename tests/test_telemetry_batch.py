@@ -16,11 +16,10 @@ from datetime import timedelta
 import httpx
 
 from schemas.protocol import TELEMETRY
-from tests.api_processes import metric
+from tests.api_processes import cached, metric
 from tests.api_server import RunningApi
 from tests.flows import EnrolledNode, enroll, now, telemetry_body
 from tests.services import db_fetch
-from tests.test_fast_path import cached
 
 NODES = 12
 COPIES = 8

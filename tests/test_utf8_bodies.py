@@ -19,9 +19,9 @@ import pytest
 
 from schemas.protocol import ENROLL, GATEWAY_CHAT_COMPLETIONS, HEARTBEAT, SERVICE_CLIENTS
 from tests.admin_helpers import ok
+from tests.api_processes import cached, fast
 from tests.api_server import RunningApi
 from tests.flows import create_token, enroll, enroll_body, heartbeat_body
-from tests.test_fast_path import cached, fast
 
 ENCODINGS: dict[str, Any] = {
     "utf-16-le-bom": lambda text: "\ufeff".encode("utf-16-le") + text.encode("utf-16-le"),
