@@ -35,9 +35,8 @@ from agent.errors import (
     Transient,
     advice_for,
 )
-from agent.jobs import artifact, evict
 from agent.jobs.artifact import ArtifactContext, ArtifactSettings
-from agent.jobs.dispatch import FamilyJobs
+from agent.jobs.dispatch import FamilyJobs, declared_in
 from agent.jobs.loop import claim_loop
 from agent.jobs.sweep import StagingSweep
 from agent.jobs.wakeups import Wakeups, listen
@@ -54,9 +53,9 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_REJECTED = 3
 RELOAD_POLL_S = 0.25
-# The artifact kinds this agent runs, each by the executor its module declares
-# (agent/jobs/dispatch.py): a new kind's module is imported above and added here.
-ARTIFACT_EXECUTORS: Final = (*artifact.EXECUTORS, *evict.EXECUTORS)
+# The package whose modules declare the executors of the artifact kinds this agent runs
+# (agent/jobs/dispatch.py: declared_in).
+ARTIFACT_EXECUTORS_PACKAGE: Final = "agent.jobs"
 
 
 def make_collector(config: AgentConfig, node_id: uuid.UUID) -> GpuCollector:
@@ -215,7 +214,10 @@ class Agent:
             )
             # The artifact kinds, each run by the executor its module declares.
             served = FamilyJobs(
-                client, ARTIFACT_FAMILY, ARTIFACT_EXECUTORS, ArtifactContext(source, settings)
+                client,
+                ARTIFACT_FAMILY,
+                declared_in(ARTIFACT_EXECUTORS_PACKAGE, ARTIFACT_FAMILY),
+                ArtifactContext(source, settings),
             )
             sweep = StagingSweep(
                 served.reports,

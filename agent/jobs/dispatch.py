@@ -4,15 +4,20 @@ which makes it a job under its lease (agent/jobs/lease.py: LeasedJob).
 
 An executor is declared once, in its own module, beside the job it starts
 (agent/jobs/artifact.py: EXECUTORS; agent/runtime/probe.py, device_jobs.py,
-deployments.py), and the process reads those into its families' loops (agent/runner.py,
-agent/runtime/control.py). A new kind of a family the process already serves is its
-declaration (schemas/), its executor module and that module's place in the process's
-list: no dispatch to extend, no report calls to add (agent/jobs/reports.py).
+deployments.py), and each process collects those of the families it serves from its own
+package (`declared_in`: agent/runner.py reads agent/jobs/, agent/runtime/control.py
+reads agent/runtime/). A new kind of a family the process already serves is its
+declaration (schemas/) and its executor module: no list to extend, no dispatch to
+extend, no report calls to add (agent/jobs/reports.py). Collected rather than listed by
+hand so that a kind cannot be declared, built and then forgotten in a list; that every
+declared kind has exactly one executor is checked by tests/agent/test_executors.py.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -50,6 +55,18 @@ class Executor(Generic[ClaimT, Context]):
         if not isinstance(claim, self.claim):
             raise TypeError(f"a {self.kind} claim parsed as {type(claim).__name__}")
         return self.start(claim, reports, context)
+
+
+def declared_in(package: str, family: JobFamily) -> tuple[Executor[Any, Any], ...]:
+    """The executors of `family`'s kinds that the modules of `package` declare (each
+    module's EXECUTORS), in module order. Read when a process starts its loops, never at
+    import, so no module of the package is imported before it is needed."""
+    found: list[Executor[Any, Any]] = []
+    modules = importlib.import_module(package).__path__
+    for info in pkgutil.iter_modules(modules, f"{package}."):
+        declared = getattr(importlib.import_module(info.name), "EXECUTORS", ())
+        found.extend(executor for executor in declared if executor.kind in family.kinds)
+    return tuple(found)
 
 
 class NotServed(Exception):

@@ -32,10 +32,9 @@ from typing import Final
 
 from agent.client import ProtocolClient
 from agent.errors import RequestFailed, StateError, log_unexpected
-from agent.jobs.dispatch import FamilyJobs
+from agent.jobs.dispatch import FamilyJobs, declared_in
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, wait_for_wake
-from agent.runtime import deployments, device_jobs, probe
 from agent.runtime.channel import RuntimeChannel
 from agent.runtime.invoke import Invokes
 from agent.runtime.worker import RuntimeWorker
@@ -54,10 +53,9 @@ logger = logging.getLogger("modelforge.runtime.control")
 CURSORS_FILE = "runtime.cursors.json"
 EARLIER_SEQUENCE_FILE = "runtime.sequence"
 STREAMS: tuple[str, ...] = (StreamName.RUNTIME,)
-# The kinds the runtime worker runs, by family, each by the executor its module declares
-# (agent/jobs/dispatch.py): a new kind's module is imported above and added here.
-RUNTIME_EXECUTORS: Final = (*probe.EXECUTORS, *device_jobs.EXECUTORS)
-DEPLOYMENT_EXECUTORS: Final = (*deployments.EXECUTORS,)
+# The package whose modules declare the executors of the runtime and deployment kinds
+# the runtime worker runs (agent/jobs/dispatch.py: declared_in).
+EXECUTORS_PACKAGE: Final = "agent.runtime"
 
 
 def runtime_sequences(run_dir: Path) -> Sequences:
@@ -118,8 +116,12 @@ class ControlPlane:
         self._credential = credential
         self.changed = worker.changed
         self._refused: str | None = None
-        self.runtime_jobs = FamilyJobs(client, RUNTIME_FAMILY, RUNTIME_EXECUTORS, worker)
-        self.deployment_jobs = FamilyJobs(client, DEPLOYMENT_FAMILY, DEPLOYMENT_EXECUTORS, worker)
+        self.runtime_jobs = FamilyJobs(
+            client, RUNTIME_FAMILY, declared_in(EXECUTORS_PACKAGE, RUNTIME_FAMILY), worker
+        )
+        self.deployment_jobs = FamilyJobs(
+            client, DEPLOYMENT_FAMILY, declared_in(EXECUTORS_PACKAGE, DEPLOYMENT_FAMILY), worker
+        )
         self.invokes = Invokes(worker, client)
 
     def report(self, sequence: int) -> RuntimeReport:

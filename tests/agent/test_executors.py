@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agent.client import ProtocolClient, make_http_client
-from agent.jobs.dispatch import Executor, FamilyJobs
-from agent.runner import ARTIFACT_EXECUTORS
-from agent.runtime.control import DEPLOYMENT_EXECUTORS, RUNTIME_EXECUTORS
+from agent.jobs.dispatch import Executor, FamilyJobs, declared_in
+from agent.runner import ARTIFACT_EXECUTORS_PACKAGE
+from agent.runtime.control import EXECUTORS_PACKAGE
 from agent.runtime.probe import ProbeRun
 from schemas.artifacts import ARTIFACT_FAMILY
 from schemas.deployments import DEPLOYMENT_FAMILY
@@ -20,6 +20,10 @@ from schemas.jobs import JobFamily, JobKind
 from schemas.runtime import RUNTIME_FAMILY, ProbeClaim
 
 pytestmark = pytest.mark.fast
+
+ARTIFACT_EXECUTORS = declared_in(ARTIFACT_EXECUTORS_PACKAGE, ARTIFACT_FAMILY)
+RUNTIME_EXECUTORS = declared_in(EXECUTORS_PACKAGE, RUNTIME_FAMILY)
+DEPLOYMENT_EXECUTORS = declared_in(EXECUTORS_PACKAGE, DEPLOYMENT_FAMILY)
 
 
 @pytest.mark.parametrize(
