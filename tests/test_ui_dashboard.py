@@ -25,7 +25,16 @@ import pytest
 from schemas.ui import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, UI_LOGIN, UI_LOGOUT, UI_PREFIX
 from tests.admin_helpers import beat, get_node, ok, patch_node
 from tests.api_server import OPERATOR_KEY, ApiFactory, RunningApi
-from tests.artifact_flows import ROOT, claimed, created, fence, progress
+from tests.artifact_flows import (
+    COMMIT,
+    REPOSITORY,
+    ROOT,
+    claimed,
+    complete,
+    created,
+    fence,
+    progress,
+)
 from tests.flows import (
     INVENTORY,
     NODES,
@@ -171,6 +180,17 @@ def test_dashboard(api: RunningApi, browser_page: Any) -> None:
     expect(job.locator('[data-role="progress"]')).to_contain_text("69%", timeout=ARRIVAL_MS)
     assert page.evaluate("window.__notReloaded") is True
     page.screenshot(path=SCREENSHOTS / "jobs.png", full_page=True)
+
+    # The acquisition ends; evicting what it brought is a job of another kind, shown
+    # live in the same table (artifact.evict.v1).
+    ok(complete(client, node, job_id, fence(claim)))
+    expect(job).to_contain_text("succeeded", timeout=ARRIVAL_MS)
+    body = {"repository": REPOSITORY, "commit": COMMIT}
+    evict = f"{NODES}/{node.node_id}/artifacts/evict"
+    eviction_id = ok(client.post(evict, json=body, headers=api.admin_headers), 201)["id"]
+    eviction = page.locator(f'tr[data-job-id="{eviction_id}"]')
+    expect(eviction).to_contain_text("artifact.evict.v1", timeout=ARRIVAL_MS)
+    expect(eviction).to_contain_text("queued")
 
     for view in ("deployments", "incidents", "audit"):
         page.click(f'#tabs a[data-view="{view}"]')
