@@ -187,6 +187,24 @@ async def _refuse_users(
         )
 
 
+async def evicting(session: AsyncSession, node_id: uuid.UUID) -> dict[Place, uuid.UUID]:
+    """The places of the node's artifacts that a queued or leased eviction is deleting,
+    each with its job. A probe or a load resolving a file under one of them is refused
+    (store/runtime.py), as create_eviction refuses while one uses it: the node's lock,
+    which both callers hold, orders the two."""
+    jobs = await session.execute(
+        select(Job).where(
+            Job.node_id == node_id,
+            Job.kind == JobKind.ARTIFACT_EVICT.value,
+            Job.state.in_([JobState.QUEUED.value, JobState.LEASED.value]),
+        )
+    )
+    return {
+        (job.spec["target_root"], job.spec["repository"], job.spec["commit"]): job.id
+        for job in jobs.scalars()
+    }
+
+
 async def create_eviction(
     session: AsyncSession, node_id: uuid.UUID, request: EvictArtifact, *, actor: str
 ) -> Job:

@@ -34,8 +34,8 @@ from schemas.runtime import (
     VerifiedFile,
 )
 from schemas.runtime_local import RuntimeReport
-from store import changes, leases, nodes
-from store.errors import Invalid
+from store import artifacts, changes, leases, nodes
+from store.errors import Conflict, Invalid
 from store.models import Job, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
 
@@ -136,7 +136,10 @@ async def _artifact_file(
     session: AsyncSession, node_id: uuid.UUID, ref: ArtifactRef
 ) -> VerifiedFile:
     """The artifact file's absolute path on the node and its sha256, from the node's
-    artifact inventory; 422 when the node has no such verified file."""
+    artifact inventory; 422 when the node has no such verified file, 409 when the only
+    copies are being evicted (another root's copy is taken instead)."""
+    evicting = await artifacts.evicting(session, node_id)
+    evicted_by: uuid.UUID | None = None
     rows = (
         await session.execute(
             select(NodeArtifact).where(
@@ -150,8 +153,18 @@ async def _artifact_file(
         for entry in artifact.files:
             digest = entry.get("digest") or {}
             if entry.get("path") == ref.path and digest.get("algorithm") == DigestAlgorithm.SHA256:
+                place = (artifact.root, artifact.repository, artifact.commit)
+                if place in evicting:
+                    evicted_by = evicting[place]
+                    continue
                 path = f"{artifact.root}/{artifact.repository}/{artifact.commit}/{ref.path}"
                 return VerifiedFile(path=path, sha256=str(digest["value"]))
+    if evicted_by is not None:
+        raise Conflict(
+            f"{ref.repository}@{ref.commit} is being evicted from the node",
+            code=ErrorCode.STATE_CONFLICT,
+            extra={"evicted_by": str(evicted_by)},
+        )
     raise Invalid(
         f"the node has no verified copy of {ref.repository}@{ref.commit}:{ref.path} with a"
         " sha256 digest (acquire it with an artifact job first)",

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from schemas.artifacts import ArtifactJobList, EvictJobView
-from schemas.protocol import ARTIFACT_JOB_COMPLETE, ARTIFACT_JOBS, AUDIT, NODES
+from schemas.protocol import ARTIFACT_JOB_COMPLETE, ARTIFACT_JOBS, AUDIT, DEPLOYMENTS, NODES
 from tests import deployment_flows as deployments
 from tests import runtime_flows as runtime
 from tests.admin_helpers import ok, refused
@@ -179,6 +179,28 @@ def test_refused_while_a_leased_runtime_job_uses_it(evict_api: RunningApi) -> No
         )
         assert ok(ended)["state"] == "failed"
         assert ok(evict(client, api, node), 201)["kind"] == EVICT
+
+
+def test_a_probe_or_deployment_of_an_artifact_being_evicted_is_refused(
+    evict_api: RunningApi,
+) -> None:
+    """The other way round: once an eviction is queued, nothing new may load its files
+    (the node's lock orders the two), until it is cancelled or ends."""
+    api = evict_api
+    with api.client() as client:
+        node = holding(client, api)
+        profile_id, environment = profile_and_environment(client, api)
+        eviction = ok(evict(client, api, node), 201)["id"]
+        probe = runtime.probe_body(node, profile_id, environment, max_attempts=1)
+        being_evicted = refused(runtime.create_probe(client, api, probe), 409, "state_conflict")
+        assert being_evicted["extra"]["evicted_by"] == eviction
+        load = deployments.deployment_body(node, profile_id, environment, max_attempts=1)
+        refused(
+            client.post(DEPLOYMENTS, json=load, headers=api.admin_headers), 409, "state_conflict"
+        )
+        ok(client.post(f"{ARTIFACT_JOBS}/{eviction}/cancel", headers=api.admin_headers))
+        assert runtime.create_probe(client, api, probe).status_code == 201
+        deployments.create_deployment(client, api, load)
 
 
 def test_an_eviction_and_an_acquisition_exclude_each_other(evict_api: RunningApi) -> None:
