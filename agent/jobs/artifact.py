@@ -119,6 +119,17 @@ class Progress:
         )
 
 
+def artifact_fail_report(fence: LeaseFence, failure: Failed) -> FailReport:
+    """The fail report of every artifact kind (an acquisition's, an eviction's): the
+    failure's typed code under the job's fence."""
+    return FailReport(
+        lease=fence,
+        code=FailureCode(failure.code),
+        retryable=failure.retryable,
+        detail=failure.detail,
+    )
+
+
 class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
     cancelled_code = FailureCode.CANCELLED
     internal_code = FailureCode.INTERNAL
@@ -330,12 +341,7 @@ class ArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
         return self.progress.report(self.fence)
 
     def fail_report(self, failure: Failed) -> FailReport:
-        return FailReport(
-            lease=self.fence,
-            code=FailureCode(failure.code),
-            retryable=failure.retryable,
-            detail=failure.detail,
-        )
+        return artifact_fail_report(self.fence, failure)
 
     def on_failure(self, failure: Failed) -> None:
         if not failure.retryable:  # cancelled too: no attempt will resume the staging

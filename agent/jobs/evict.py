@@ -31,7 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.jobs.artifact import ArtifactContext
+from agent.jobs.artifact import ArtifactContext, artifact_fail_report
 from agent.jobs.dispatch import Executor
 from agent.jobs.lease import Failed, LeasedJob
 from agent.jobs.paths import PathNotAllowed, allowed_root, artifact_dir, inside, no_symlinks_below
@@ -210,10 +210,7 @@ class EvictJob(LeasedJob[ProgressReport, EvictReport, FailReport]):
         return ProgressReport(lease=self.fence, files=[])
 
     def fail_report(self, failure: Failed) -> FailReport:
-        code = FailureCode(failure.code)
-        return FailReport(
-            lease=self.fence, code=code, retryable=failure.retryable, detail=failure.detail
-        )
+        return artifact_fail_report(self.fence, failure)
 
 
 # This module's kind, run by the agent's artifact-jobs loop (agent/runner.py).
