@@ -22,6 +22,7 @@ from agent.errors import log_unexpected
 from agent.jobs.lease import DETAIL_CHARS, Failed
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import EventReader, TooLong, bounded_lines, hold_events, note_kind
+from schemas.artifacts import ArtifactJobClaim
 from schemas.deployments import DeploymentClaim
 from schemas.jobs import Lease
 from schemas.protocol import MAX_CHANNEL_EVENT_BYTES, NOTIFICATIONS
@@ -143,6 +144,45 @@ def test_a_runtime_lease_bounds_its_probe_and_device() -> None:
         probes.validate_python(device_job | {"spec": {"device_id": "../gpu"}})
     with pytest.raises(ValidationError):
         probes.validate_python(device_job | {"attempt": 0})
+
+
+def test_an_eviction_lease_bounds_its_root_repository_and_paths() -> None:
+    """What an eviction's lease names is what the node deletes under: every field that
+    reaches a path is refused at the parse in its worst spelling."""
+    evictions: TypeAdapter[Any] = TypeAdapter(ArtifactJobClaim)
+    good_file = {
+        "path": "model.gguf",
+        "size": 10,
+        "digest": {"algorithm": "sha256", "value": "a" * 64},
+    }
+    eviction: dict[str, Any] = {
+        "job_id": str(uuid.uuid4()),
+        "kind": "artifact.evict.v1",
+        "attempt": 1,
+        "spec": {
+            "repository": "acme/m",
+            "commit": "0123456789abcdef0123456789abcdef01234567",
+            "files": [good_file],
+            "target_root": "/var/lib/modelforge/artifacts",
+        },
+        "lease": lease(),
+    }
+    assert evictions.validate_python(eviction).spec.files[0].path == "model.gguf"
+    bad: list[dict[str, Any]] = [
+        {"target_root": "relative/root"},
+        {"target_root": "/srv/a/../../etc"},
+        {"target_root": "/srv/\u202eroot"},
+        {"repository": "../etc"},
+        {"repository": "acme/../../etc"},
+        {"commit": "../../etc/shadow"},
+        {"files": [good_file | {"path": "../../etc/shadow"}]},
+        {"files": [good_file | {"path": "/etc/shadow"}]},
+        {"files": [good_file | {"path": "a/\x1b[2J.gguf"}]},
+        {"files": [good_file | {"size": -1}]},
+    ]
+    for change in bad:
+        with pytest.raises(ValidationError):
+            evictions.validate_python(eviction | {"spec": eviction["spec"] | change})
 
 
 # The claim loop ----------------------------------------------------------------------
