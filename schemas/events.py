@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from schemas.base import WireModel
+from schemas.services import ServiceEvent
 
 EVENT_SOURCE = "/modelforge/control-plane"
 SUBJECT_PREFIX = "modelforge.v1"
@@ -55,6 +56,13 @@ class EventType(StrEnum):
     DEPLOYMENT_CREATED = "deployment.created"
     # Every lifecycle transition (schemas/deployments.py: DeploymentState).
     DEPLOYMENT_STATE_CHANGED = "deployment.state_changed"
+    SERVICE_CREATED = "service.created"
+    # Scaled (by an operator or autoscale), rolled out, undone, stopped, deleted: `action`.
+    SERVICE_CHANGED = "service.changed"
+    # A replica placed, moved through its phases, or ended.
+    SERVICE_REPLICA_CHANGED = "service.replica_changed"
+    # A replica the scheduler could not place; its receipt counts the reasons.
+    SERVICE_UNPLACEABLE = "service.unplaceable"
     SERVICE_CLIENT_CREATED = "service_client.created"
     SERVICE_CLIENT_ROTATED = "service_client.rotated"
     SERVICE_CLIENT_REVOKED = "service_client.revoked"
@@ -87,6 +95,7 @@ SUBJECT_IDS: dict[str, str] = {
     "runtime": "profile_id",
     "deployment": "deployment_id",
     "service_client": "client_id",
+    "service": "service_id",
 }
 TARGET_TYPES: dict[str, str] = {
     "node": "node",
@@ -96,6 +105,7 @@ TARGET_TYPES: dict[str, str] = {
     "runtime": "runtime_profile",
     "deployment": "deployment",
     "service_client": "service_client",
+    "service": "service",
 }
 
 # Who made a change: the operator (admin API), a node (its own credential), or a worker
@@ -355,6 +365,10 @@ EVENT_MEANINGS: dict[EventType, str] = {
     EventType.RUNTIME_PROFILE_CREATED: "an operator created a runtime profile version",
     EventType.DEPLOYMENT_CREATED: "an operator created a deployment (pending)",
     EventType.DEPLOYMENT_STATE_CHANGED: "a deployment moved through its lifecycle",
+    EventType.SERVICE_CREATED: "an operator declared a model service",
+    EventType.SERVICE_CHANGED: "a service was scaled, rolled out, undone, stopped or deleted",
+    EventType.SERVICE_REPLICA_CHANGED: "a service's replica was placed, moved or ended",
+    EventType.SERVICE_UNPLACEABLE: "a replica could not be placed; the receipt says why",
     EventType.SERVICE_CLIENT_CREATED: "an operator created a service client",
     EventType.SERVICE_CLIENT_ROTATED: "a service client's secret was replaced",
     EventType.SERVICE_CLIENT_REVOKED: "a service client was revoked",
@@ -400,6 +414,10 @@ EVENT_PAYLOADS: dict[EventType, type[WireModel]] = {
     EventType.RUNTIME_PROFILE_CREATED: RuntimeProfileCreated,
     EventType.DEPLOYMENT_CREATED: DeploymentEvent,
     EventType.DEPLOYMENT_STATE_CHANGED: DeploymentEvent,
+    EventType.SERVICE_CREATED: ServiceEvent,
+    EventType.SERVICE_CHANGED: ServiceEvent,
+    EventType.SERVICE_REPLICA_CHANGED: ServiceEvent,
+    EventType.SERVICE_UNPLACEABLE: ServiceEvent,
     EventType.SERVICE_CLIENT_CREATED: ServiceClientEvent,
     EventType.SERVICE_CLIENT_ROTATED: ServiceClientEvent,
     EventType.SERVICE_CLIENT_REVOKED: ServiceClientEvent,
