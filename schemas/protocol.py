@@ -124,6 +124,10 @@ INVOKE_STREAM: Final = f"{AGENT_PREFIX}/invokes/{{invoke_id}}/stream"
 DEPLOYMENTS: Final = f"{ADMIN_PREFIX}/deployments"
 DEPLOYMENT_JOBS: Final = f"{ADMIN_PREFIX}/deployment-jobs"
 SERVICE_CLIENTS: Final = f"{ADMIN_PREFIX}/service-clients"
+# Model services (schemas/services.py): POST creates; GET lists; GET {id} shows one with
+# its replicas; POST {id}/scale, POST {id}/rollout (a new template), GET {id}/rollout
+# (its status), POST {id}/rollout/undo; DELETE {id} drains every replica, then deletes.
+SERVICES: Final = f"{ADMIN_PREFIX}/services"
 
 # The OpenAI-compatible gateway, for service clients.
 GATEWAY_PREFIX: Final = "/v1"

@@ -28,6 +28,9 @@ class Service(Base):
     # schemas/services.py: ServiceTemplate, the current one and the one before (undo).
     template: Mapped[dict[str, Any]] = mapped_column(JSONB)
     previous_template: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # The generation the previous template ran as: an undo gives its live replicas the
+    # new generation number instead of replacing replicas that already run it.
+    previous_generation: Mapped[int | None] = mapped_column(Integer)
     # Moves with every new template; a replica runs the generation it was placed for.
     generation: Mapped[int] = mapped_column(Integer)
     replicas: Mapped[int] = mapped_column(Integer)

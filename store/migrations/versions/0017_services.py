@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("template", JSONB, nullable=False),
         sa.Column("previous_template", JSONB, nullable=True),
+        sa.Column("previous_generation", sa.Integer, nullable=True),
         sa.Column("generation", sa.Integer, nullable=False),
         sa.Column("replicas", sa.Integer, nullable=False),
         sa.Column("autoscale", JSONB, nullable=True),
