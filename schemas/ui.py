@@ -19,6 +19,7 @@ from schemas.protocol import (
     DEPLOYMENTS,
     FLEET,
     NODES,
+    SERVICES,
 )
 
 UI_PREFIX: Final = "/ui"
@@ -44,6 +45,7 @@ class UiPaths(WireModel):
     artifact_jobs: str = ARTIFACT_JOBS
     deployment_jobs: str = DEPLOYMENT_JOBS
     deployments: str = DEPLOYMENTS
+    services: str = SERVICES
     incidents: str = f"{FLEET}/incidents"
     audit: str = AUDIT
     events: str = ADMIN_EVENTS
