@@ -45,8 +45,10 @@ def render() -> str:
     for event_type in EventType:
         kind, _, rest = event_type.value.partition(".")
         subject = f"`{SUBJECT_PREFIX}.{kind}.<{SUBJECT_IDS[kind]}>.{rest}`"
-        payload = EVENT_PAYLOADS[event_type].__name__
-        schema = f"[`{payload}`](../schemas/jsonschema/events.{payload}.json)"
+        model = EVENT_PAYLOADS[event_type]
+        payload = model.__name__
+        module = model.__module__.rsplit(".", 1)[-1]
+        schema = f"[`{payload}`](../schemas/jsonschema/{module}.{payload}.json)"
         meaning = EVENT_MEANINGS[event_type]
         rows.append(f"| `{event_type.cloudevent_type}` | {meaning} | {subject} | {schema} |")
     return _HEADER + "\n".join(rows) + "\n"

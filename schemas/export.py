@@ -19,6 +19,7 @@ from schemas import (
     runtime,
     runtime_local,
     service_clients,
+    services,
 )
 
 
@@ -26,7 +27,7 @@ def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
     for module in (
         agent, admin, artifacts, deployments, errors, events, gateway, jobs, runtime,
-        runtime_local, service_clients,
+        runtime_local, service_clients, services,
     ):  # fmt: skip
         for name, value in vars(module).items():
             if (
