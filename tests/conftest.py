@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.worker_processes",
     "tests.hub_server",
     "tests.node_locks",
+    "tests.ui_helpers",
 ]
 
 SCHEMATHESIS = Path(__file__).resolve().parent / "test_schemathesis.py"

@@ -7,20 +7,18 @@ PostgreSQL.
 Each view's screenshot is written to docs/ui/ (the README shows them): the test is what
 keeps them current.
 
-Without chromium or Playwright the test skips on a developer's machine and fails under
-CI=true, where .ci/run installs both.
+The browser and the signed-in page come from tests/ui_helpers.py (a plugin): without
+chromium or Playwright the test skips on a developer's machine and fails under CI=true,
+where .ci/run installs both.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from schemas.ui import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, UI_LOGIN, UI_LOGOUT, UI_PREFIX
 from tests.admin_helpers import beat, get_node, ok, patch_node
@@ -45,39 +43,12 @@ from tests.flows import (
     inventory_body,
     telemetry_body,
 )
+from tests.ui_helpers import ARRIVAL_MS, signed_in
 
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
-# An event reaches the page within the relay's poll (0.5 s in tests) plus a coalesced
-# GET; the bound leaves room for a loaded machine. Never a fixed sleep.
-ARRIVAL_MS = 20_000
 HOSTNAME = "gpu-dash-01"
 # The stream's keep-alive in the logout test: it must close within one.
 KEEPALIVE_S = 1.0
-
-
-def _missing(what: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is required under CI (.ci/run installs it)")
-    pytest.skip(f"{what} is not installed")
-
-
-@pytest.fixture
-def browser_page() -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK):
-        _missing("Debian's chromium (/usr/bin/chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("Playwright (the dev extra)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        context = browser.new_context(viewport={"width": 1280, "height": 760})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
 
 
 def _node_with_gpus(client: httpx.Client, api: RunningApi) -> tuple[Any, list[str]]:
@@ -213,17 +184,6 @@ def test_dashboard(api: RunningApi, browser_page: Any) -> None:
     client.close()
 
 
-def _signed_in(page: Any, api: RunningApi) -> None:
-    """The page at /ui, signed in, its event stream open."""
-    from playwright.sync_api import expect
-
-    page.goto(f"{api.base_url}{UI_LOGIN}")
-    page.fill("#operator_key", OPERATOR_KEY)
-    page.click("#login")
-    page.wait_for_url(f"{api.base_url}{UI_PREFIX}")
-    expect(page.locator("#live")).to_have_text("live", timeout=ARRIVAL_MS)
-
-
 def test_the_pages_stream_ends_within_a_keepalive_of_a_logout_elsewhere(
     api_factory: ApiFactory, browser_page: Any
 ) -> None:
@@ -233,7 +193,7 @@ def test_the_pages_stream_ends_within_a_keepalive_of_a_logout_elsewhere(
 
     api = api_factory(notification_keepalive_s=KEEPALIVE_S)
     page = browser_page
-    _signed_in(page, api)
+    signed_in(page, api)
     # The audit view shows each event from the stream itself, with no GET that a
     # revoked cookie would be refused on.
     page.click('#tabs a[data-view="audit"]')
@@ -260,7 +220,7 @@ def test_the_error_bar_shows_the_refusals_code_and_message(
     from playwright.sync_api import expect
 
     page = browser_page
-    _signed_in(page, api)
+    signed_in(page, api)
     page.fill('#node-filter input[name="label"]', "not a label!")
     page.press('#node-filter input[name="label"]', "Enter")
     error = page.locator("#error")
