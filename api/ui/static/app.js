@@ -133,9 +133,14 @@
       page.rows.set(key, row);
       flash(row);
     }
+    function remove(key) {
+      const old = page.rows.get(String(key));
+      if (old) old.remove();
+      page.rows.delete(String(key));
+    }
     if (prev) prev.addEventListener("click", () => { page.offset = Math.max(0, page.offset - PAGE); reload(); });
     if (next) next.addEventListener("click", () => { page.offset += PAGE; reload(); });
-    return { page, reload, replace, visible: (key) => page.rows.has(String(key)) };
+    return { page, reload, replace, remove, visible: (key) => page.rows.has(String(key)) };
   }
 
   // -- nodes ------------------------------------------------------------------------------
@@ -383,6 +388,168 @@
     };
   }
 
+  // -- services ---------------------------------------------------------------------------
+  // A service's row and its open panel come from one GET of that service (ServiceDetail:
+  // the service and its live replicas), coalesced per service: a service.* event re-reads
+  // only the service it names, and an unplaceable service that is retried every sweep
+  // costs one GET per coalescing window, not one per event.
+  const REASONS = {
+    offline: "offline", disabled: "disabled", selector: "selector", no_runtime: "no runtime",
+    environment: "environment", device_kind: "device kind", device_busy: "device busy",
+    insufficient_memory: "insufficient memory", spread: "spread", backoff: "backoff",
+    no_root: "no artifact root",
+  };
+  const gib = (bytes) => (bytes === null || bytes === undefined ? "?" : `${(bytes / 2 ** 30).toFixed(1)} GiB`);
+
+  // "0 of 10 nodes: 7 selector, 2 insufficient memory (needs 9.1 GiB, best 7.8 GiB), 1 offline"
+  function receiptCounts(receipt) {
+    const parts = Object.entries(receipt.rejected || {})
+      .filter(([, count]) => count > 0)
+      .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]))
+      .map(([reason, count]) => {
+        let text = `${count} ${REASONS[reason] || reason}`;
+        if (reason === "insufficient_memory") text += ` (needs ${gib(receipt.needs_bytes)}, best ${gib(receipt.best_free_bytes)})`;
+        return text;
+      });
+    const counted = `${receipt.feasible} of ${receipt.nodes_considered} node${receipt.nodes_considered === 1 ? "" : "s"}`;
+    return parts.length ? `${counted}: ${parts.join(", ")}` : counted;
+  }
+
+  function rolloutOf(rollout) {
+    return el("span", { "data-role": "rollout" }, badge(rollout.state),
+      ` ${rollout.updated_ready}/${rollout.desired}`,
+      rollout.outdated ? ` · ${rollout.outdated} outdated` : "");
+  }
+
+  function servicesView() {
+    const section = document.getElementById("view-services");
+    const detailBox = document.getElementById("service-detail");
+    const hostnames = new Map(); // node id -> display name, for the panel's replicas
+    let detail = null; // { id, timer }
+
+    const table = pagedTable({
+      section,
+      table: "services",
+      keyOf: (service) => service.id,
+      load: async (offset) => (await getJson(paths.services, { limit: PAGE + 1, offset })).items,
+      rowOf: (service) => {
+        const receipt = service.last_receipt;
+        const row = el("tr", { "data-service-id": service.id },
+          el("td", { "data-role": "name" }, service.name),
+          el("td", {}, badge(service.state)),
+          el("td", { "data-role": "replicas" }, `${service.ready_replicas}/${service.replicas}`),
+          el("td", {}, service.generation),
+          el("td", {}, rolloutOf(service.rollout)),
+          el("td", { class: "wrap", "data-role": "receipt" },
+            receipt ? [badge(receipt.outcome), " ", receipt.message] : "—"));
+        row.addEventListener("click", () => openDetail(service.id));
+        return row;
+      },
+    });
+
+    // A node's name is read once per panel's life (a node that cannot be read shows its
+    // id only, and is not asked again).
+    async function hostname(id) {
+      if (!hostnames.has(id)) {
+        try {
+          const node = await getJson(`${paths.nodes}/${id}`);
+          hostnames.set(id, node.display_name || node.hostname);
+        } catch (_) {
+          hostnames.set(id, "");
+        }
+      }
+      return hostnames.get(id);
+    }
+
+    function receiptBlock(receipt) {
+      if (!receipt) return [el("p", { class: "muted", "data-role": "last-receipt" }, "No placement decided yet.")];
+      return [el("div", { "data-role": "last-receipt" },
+        el("p", {}, badge(receipt.outcome), ` ${when(receipt.decided_at)}`,
+          receipt.node_id ? ` → ${short(receipt.node_id)} / ${receipt.device_id || ""}` : ""),
+        el("p", { "data-role": "receipt-counts" }, receiptCounts(receipt)),
+        el("p", { class: "mono", "data-role": "receipt-message" }, receipt.message))];
+    }
+
+    async function drawDetail(service) {
+      const names = new Map();
+      for (const replica of service.items) names.set(replica.node_id, await hostname(replica.node_id));
+      if (!detail || detail.id !== service.id) return;
+      const rollout = service.rollout;
+      const percent = rollout.desired ? Math.floor((100 * rollout.updated_ready) / rollout.desired) : 100;
+      detailBox.replaceChildren(
+        el("h2", {}, `${service.name} `, badge(service.state)),
+        el("p", { class: "mono" }, service.id),
+        el("p", {}, `${service.ready_replicas} of ${service.replicas} replicas ready · generation ${service.generation}`,
+          service.autoscale ? ` · autoscale ${service.autoscale.min_replicas}–${service.autoscale.max_replicas}` : ""),
+        el("h3", {}, "Rollout"),
+        el("p", { "data-role": "rollout-progress", "data-percent": percent },
+          badge(rollout.state),
+          " ", el("span", { class: "bar" }, el("span", { "data-width": percent })),
+          `${rollout.updated_ready}/${rollout.desired} updated and ready · ${rollout.outdated} outdated`,
+          rollout.reason ? ` · ${rollout.reason}` : ""),
+        el("h3", {}, "Last placement"),
+        ...receiptBlock(service.last_receipt),
+        el("h3", {}, "Replicas"),
+        el("table", { class: "grid", id: "replicas" },
+          el("thead", {}, el("tr", {}, ["Replica", "Node", "Device", "Phase", "Generation", "Placement", "Failure"]
+            .map((h) => el("th", {}, h)))),
+          el("tbody", {}, service.items.length ? service.items.map((replica) => el("tr", { "data-replica-id": replica.id },
+            el("td", { class: "mono" }, short(replica.id)),
+            el("td", { "data-role": "node" }, names.get(replica.node_id) ? `${names.get(replica.node_id)} ` : "",
+              el("span", { class: "mono muted" }, short(replica.node_id))),
+            el("td", { class: "mono" }, replica.device_id),
+            el("td", {}, badge(replica.phase), replica.ended_reason ? ` ${replica.ended_reason}` : ""),
+            el("td", {}, replica.generation, replica.generation < service.generation ? " (outdated)" : ""),
+            el("td", { class: "wrap", "data-role": "replica-receipt" }, replica.receipt ? replica.receipt.message : "—"),
+            el("td", { class: "wrap", "data-role": "failure" },
+              replica.failure ? `${replica.failure.code}${replica.failure.detail ? `: ${replica.failure.detail}` : ""}` : "—")))
+            : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No live replicas."))])));
+      // The bar's width through the CSSOM: an inline style attribute is refused by the CSP.
+      for (const bar of detailBox.querySelectorAll("[data-width]")) bar.style.width = `${bar.dataset.width}%`;
+      detailBox.hidden = false;
+    }
+
+    // One GET of the service: its row (when on screen) and its panel (when open).
+    async function refresh(id) {
+      let service;
+      try {
+        service = await getJson(`${paths.services}/${id}`);
+      } catch (error) {
+        if (String(error.message).startsWith("404")) {
+          table.remove(id);
+          if (detail && detail.id === id) closeDetail();
+          return;
+        }
+        throw error;
+      }
+      table.replace(service);
+      if (detail && detail.id === id) await drawDetail(service);
+    }
+    function openDetail(id) {
+      closeDetail();
+      detail = { id, timer: setInterval(() => refresh(id).catch(() => {}), DETAIL_POLL_MS) };
+      refresh(id).catch((error) => showError(String(error.message)));
+    }
+    function closeDetail() {
+      if (detail) clearInterval(detail.timer);
+      detail = null;
+      detailBox.hidden = true;
+    }
+
+    return {
+      section,
+      show: () => table.reload(),
+      hide: closeDetail,
+      refresh: () => table.reload(),
+      onEvent(event) {
+        if (!String(event.action).startsWith("service.")) return;
+        const id = event.data?.service_id || event.targetid;
+        if (table.visible(id) || (detail && detail.id === id)) coalesce(`service:${id}`, () => refresh(id));
+        else if (event.action === "service.created" && table.page.offset === 0) coalesce("services:page", table.reload);
+      },
+    };
+  }
+
   // -- incidents --------------------------------------------------------------------------
   function incidentsView() {
     const section = document.getElementById("view-incidents");
@@ -489,6 +656,7 @@
     views.nodes = nodesView();
     views.jobs = jobsView();
     views.deployments = deploymentsView();
+    views.services = servicesView();
     views.incidents = incidentsView();
     views.audit = auditView();
     document.getElementById("logout").addEventListener("click", logout);
