@@ -1,0 +1,371 @@
+"""What one replica needs on its device, from the GGUF header (issue 32's Fit).
+
+`parse_header` reads a GGUF file's header from a prefix of the file (the magic, the
+version, the key/value metadata and the tensor infos), never its tensor data: the
+control plane fetches only that prefix from the source (api/model_headers.py). The
+`gguf` package (llama.cpp's own) gives the constants: value types, quantization block
+sizes, key names. Its GGUFReader needs the whole file (it memory-maps it), so the walk
+over the prefix is here, bounded: a hostile header costs bounded memory and time
+(string lengths, array counts, tensor counts and dimensions are all capped, and every
+count is checked against the bytes left before anything is allocated).
+
+`estimate` turns a summary and a runtime profile's settings into a MemoryEstimate
+(weights + KV cache + compute buffers); `refine` prefers a figure measured on a node.
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import gguf
+
+from schemas.runtime import LlamaSettings
+from schemas.services import MemoryEstimate
+
+GiB: Final = 1 << 30
+MiB: Final = 1 << 20
+
+# Bounds on a header (a real one is far inside them: tens of KV pairs, a tokenizer of a
+# few hundred thousand strings, a few thousand tensors of at most 4 dimensions).
+MAX_KV_COUNT: Final = 100_000
+MAX_TENSOR_COUNT: Final = 1_000_000
+MAX_ARRAY_COUNT: Final = 16_000_000
+MAX_STRING_BYTES: Final = 16 * MiB
+MAX_DIMS: Final = 4  # GGML_MAX_DIMS
+# Integer arrays this short are read (a per-layer head count); longer ones are skipped.
+MAX_KEPT_ARRAY: Final = 4096
+# Strings kept in the summary's metadata (the architecture name); longer ones skipped.
+MAX_KEPT_STRING: Final = 256
+
+_SCALARS: Final[dict[gguf.GGUFValueType, str]] = {
+    gguf.GGUFValueType.UINT8: "<B",
+    gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H",
+    gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I",
+    gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f",
+    gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q",
+    gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+}
+
+
+class HeaderUnreadable(ValueError):
+    """Not a GGUF header we can read: bad magic or version, an unknown type, a value
+    past a bound."""
+
+
+class HeaderTruncated(HeaderUnreadable):
+    """The prefix ends inside the header: `needed` is a lower bound on the prefix length
+    that could hold it (a reader fetches more and tries again)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"the GGUF header continues past the bytes read (needs > {needed})")
+        self.needed = needed
+
+
+@dataclass(frozen=True)
+class GgufSummary:
+    architecture: str | None
+    block_count: int | None
+    embedding_length: int | None
+    head_count: int | None
+    head_count_kv: int | None
+    key_length: int | None
+    value_length: int | None
+    context_length: int | None
+    # The tokenizer's token count (the array's length; the strings are skipped).
+    vocab_size: int | None
+    # Sum over tensors of their data size, from their dims and type's block size.
+    tensor_bytes: int
+    tensor_count: int
+    # Bytes from the file's start to the end of the tensor infos: what a reader needed.
+    header_bytes: int
+    version: int
+
+
+class _Cursor:
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.at = 0
+
+    def need(self, count: int) -> None:
+        if count < 0 or self.at + count > len(self.data):
+            raise HeaderTruncated(self.at + max(count, 0))
+
+    def unpack(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        self.need(size)
+        (value,) = struct.unpack_from(fmt, self.data, self.at)
+        self.at += size
+        return value
+
+    def u32(self) -> int:
+        return int(self.unpack("<I"))
+
+    def u64(self) -> int:
+        return int(self.unpack("<Q"))
+
+    def string(self, keep: int) -> str | None:
+        """A string; its text only when at most `keep` bytes (else None, skipped)."""
+        length = self.u64()
+        if length > MAX_STRING_BYTES:
+            raise HeaderUnreadable(f"a string of {length} bytes is past the bound")
+        self.need(length)
+        start, self.at = self.at, self.at + length
+        if length > keep:
+            return None
+        return bytes(self.data[start : self.at]).decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        # Each string is at least its 8-byte length: refuse a count the prefix cannot
+        # hold before walking it (a hostile count costs nothing).
+        self.need(count * 8)
+        for _ in range(count):
+            length = self.u64()
+            if length > MAX_STRING_BYTES:
+                raise HeaderUnreadable(f"a string of {length} bytes is past the bound")
+            self.need(length)
+            self.at += length
+
+
+def _value_type(raw: int) -> gguf.GGUFValueType:
+    try:
+        return gguf.GGUFValueType(raw)
+    except ValueError:
+        raise HeaderUnreadable(f"unknown GGUF value type {raw}") from None
+
+
+def _value(cursor: _Cursor, kind: gguf.GGUFValueType) -> Any:
+    """A metadata value: scalars and short strings as values, a short integer array as
+    a list, anything else skipped (None); arrays are never nested more than once."""
+    if kind == gguf.GGUFValueType.STRING:
+        return cursor.string(MAX_KEPT_STRING)
+    if kind != gguf.GGUFValueType.ARRAY:
+        return cursor.unpack(_SCALARS[kind])
+    item = _value_type(cursor.u32())
+    count = cursor.u64()
+    if count > MAX_ARRAY_COUNT:
+        raise HeaderUnreadable(f"an array of {count} items is past the bound")
+    if item == gguf.GGUFValueType.STRING:
+        cursor.skip_strings(count)
+        return _Skipped(count)
+    if item == gguf.GGUFValueType.ARRAY:
+        raise HeaderUnreadable("nested metadata arrays are not read")
+    fmt = _SCALARS[item]
+    size = struct.calcsize(fmt) * count
+    cursor.need(size)
+    if count > MAX_KEPT_ARRAY:
+        cursor.at += size
+        return _Skipped(count)
+    values = list(struct.unpack_from("<" + fmt[1:] * count, cursor.data, cursor.at))
+    cursor.at += size
+    return values
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    """An array not materialised: only its length."""
+
+    count: int
+
+
+def parse_header(data: bytes) -> GgufSummary:
+    """The summary of the GGUF header at the start of `data` (a prefix of the file).
+    HeaderTruncated when the prefix ends inside the header, HeaderUnreadable otherwise."""
+    cursor = _Cursor(data)
+    magic = cursor.u32()
+    if magic != gguf.GGUF_MAGIC:
+        raise HeaderUnreadable("not a GGUF file (bad magic)")
+    version = cursor.u32()
+    if version not in (2, 3):
+        raise HeaderUnreadable(f"GGUF version {version} is not read (2 and 3 are)")
+    tensor_count = cursor.u64()
+    kv_count = cursor.u64()
+    if tensor_count > MAX_TENSOR_COUNT or kv_count > MAX_KV_COUNT:
+        raise HeaderUnreadable(f"{tensor_count} tensors, {kv_count} keys: past the bounds")
+    metadata: dict[str, Any] = {}
+    for _ in range(kv_count):
+        key = cursor.string(MAX_STRING_BYTES)
+        kind = _value_type(cursor.u32())
+        value = _value(cursor, kind)
+        if key is not None:
+            metadata[key] = value
+    # A tensor info is at least a name's length, n_dims, one dim, type and offset.
+    cursor.need(tensor_count * 28)
+    tensor_bytes = 0
+    for _ in range(tensor_count):
+        cursor.string(0)
+        n_dims = cursor.u32()
+        if n_dims > MAX_DIMS:
+            raise HeaderUnreadable(f"a tensor of {n_dims} dimensions")
+        elements = 1
+        for _ in range(n_dims):
+            elements *= cursor.u64()
+        raw_type = cursor.u32()
+        cursor.u64()  # the offset in the data section
+        try:
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(raw_type)]
+        except (ValueError, KeyError):
+            raise HeaderUnreadable(f"unknown tensor type {raw_type}") from None
+        tensor_bytes += elements // block * type_size
+    return _summary(metadata, tensor_bytes, int(tensor_count), cursor.at, version)
+
+
+def _integer(value: Any) -> int | None:
+    """An integer key's value; a per-layer list's largest (the layer that needs most)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return int(max(value))
+    return None
+
+
+def _summary(
+    metadata: dict[str, Any], tensor_bytes: int, tensor_count: int, size: int, version: int
+) -> GgufSummary:
+    arch = metadata.get(gguf.Keys.General.ARCHITECTURE)
+    arch = arch if isinstance(arch, str) else None
+
+    def arch_key(template: str) -> int | None:
+        return _integer(metadata.get(template.format(arch=arch))) if arch else None
+
+    tokens = metadata.get(gguf.Keys.Tokenizer.LIST)
+    vocab = tokens.count if isinstance(tokens, _Skipped) else None
+    return GgufSummary(
+        architecture=arch,
+        block_count=arch_key(gguf.Keys.LLM.BLOCK_COUNT),
+        embedding_length=arch_key(gguf.Keys.LLM.EMBEDDING_LENGTH),
+        head_count=arch_key(gguf.Keys.Attention.HEAD_COUNT),
+        head_count_kv=arch_key(gguf.Keys.Attention.HEAD_COUNT_KV),
+        key_length=arch_key(gguf.Keys.Attention.KEY_LENGTH),
+        value_length=arch_key(gguf.Keys.Attention.VALUE_LENGTH),
+        context_length=arch_key(gguf.Keys.LLM.CONTEXT_LENGTH),
+        vocab_size=vocab or arch_key(gguf.Keys.LLM.VOCAB_SIZE),
+        tensor_bytes=tensor_bytes,
+        tensor_count=tensor_count,
+        header_bytes=size,
+        version=version,
+    )
+
+
+# ------------------------------------------------------------------ the estimate
+
+# llama.cpp's common default context (`-c` unset) when the profile names none; a model
+# trained on less gets its own (llama.cpp caps it the same way).
+DEFAULT_CONTEXT: Final = 4096
+DEFAULT_UBATCH: Final = 512
+DEFAULT_PARALLEL: Final = 1
+# Compute buffers: a fixed floor (the graph's own allocations, the scheduler's copies)...
+COMPUTE_FLOOR: Final = 64 * MiB
+# ...plus, per token of a micro-batch, the logits (f32 per vocabulary entry) and a few
+# f32 activations of the embedding width (ACTIVATION_FACTOR of them alive at once);
+# without flash attention the KQ scores (f32, a head's row per context position) too.
+ACTIVATION_FACTOR: Final = 8
+# The header could not be read: the KV cache and compute buffers are guessed as a
+# quarter of the file, at least this much (a 4096-token f16 cache of a 7B model is 2 GiB).
+UNKNOWN_OVERHEAD_FLOOR: Final = 1 * GiB
+
+
+def _cache_bytes_per_element(name: Any) -> float:
+    """Bytes per element of a KV cache type (`cache-type-k`/`-v`, f16 by default)."""
+    try:
+        quant = gguf.GGMLQuantizationType[str(name).upper()] if name else None
+    except KeyError:
+        quant = None
+    block, size = gguf.GGML_QUANT_SIZES[quant or gguf.GGMLQuantizationType.F16]
+    return size / block
+
+
+def _context(summary: GgufSummary, settings: LlamaSettings) -> int:
+    """The total context llama-server allocates: the profile's ctx_size; 0 means the
+    model's trained length (as in llama.cpp); unset, llama.cpp's default, capped by it."""
+    trained = summary.context_length
+    if settings.ctx_size is not None and settings.ctx_size > 0:
+        return settings.ctx_size
+    if settings.ctx_size == 0 and trained:
+        return trained
+    return min(DEFAULT_CONTEXT, trained) if trained else DEFAULT_CONTEXT
+
+
+def _parallel(settings: LlamaSettings) -> int:
+    value = settings.server_args.get("parallel")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def estimate(
+    summary: GgufSummary | None, file_size: int, settings: LlamaSettings
+) -> MemoryEstimate:
+    """What one replica needs on its device, in bytes."""
+    parallel = _parallel(settings)
+    if summary is None:
+        overhead = max(UNKNOWN_OVERHEAD_FLOOR, file_size // 4)
+        kv, compute = overhead // 2, overhead - overhead // 2
+        return MemoryEstimate(
+            weights_bytes=file_size,
+            kv_cache_bytes=kv,
+            compute_bytes=compute,
+            total_bytes=file_size + overhead,
+            source="file_size",
+            parallel=parallel,
+            detail="the GGUF header could not be read: the file's size for the weights,"
+            " a quarter of it (at least 1 GiB) for the KV cache and compute buffers",
+        )
+    n_ctx = _context(summary, settings)
+    layers = summary.block_count or 0
+    heads = summary.head_count or 0
+    heads_kv = summary.head_count_kv if summary.head_count_kv is not None else heads
+    embd = summary.embedding_length or 0
+    head_dim = embd // heads if heads else 0
+    key_len = summary.key_length or head_dim
+    value_len = summary.value_length or head_dim
+    # llama-server's context is one cache shared by its parallel slots (each slot gets
+    # n_ctx / parallel): the cache is sized by the total, whatever `parallel` is.
+    per_token = heads_kv * (
+        key_len * _cache_bytes_per_element(settings.server_args.get("cache-type-k"))
+        + value_len * _cache_bytes_per_element(settings.server_args.get("cache-type-v"))
+    )
+    kv = int(n_ctx * layers * per_token)
+    ubatch = min(settings.ubatch_size or DEFAULT_UBATCH, settings.batch_size or 1 << 62, n_ctx)
+    compute = COMPUTE_FLOOR + ubatch * 4 * ((summary.vocab_size or 0) + ACTIVATION_FACTOR * embd)
+    if not settings.flash_attn:
+        compute += ubatch * n_ctx * heads * 4
+    weights = summary.tensor_bytes
+    return MemoryEstimate(
+        weights_bytes=weights,
+        kv_cache_bytes=kv,
+        compute_bytes=compute,
+        total_bytes=weights + kv + compute,
+        source="gguf_header",
+        context_size=n_ctx,
+        parallel=parallel,
+        detail=f"{summary.architecture or 'unknown'}: {layers} layers, {heads_kv} KV heads,"
+        f" context {n_ctx} shared by {parallel} slot(s), micro-batch {ubatch}",
+    )
+
+
+def refine(estimate: MemoryEstimate, evidence_bytes: int | None) -> MemoryEstimate:
+    """The estimate, or the figure a probe measured on a node (its device's VRAM used,
+    or a CPU server's peak RSS) when there is one: a measurement beats a model of it.
+    The parts stay as estimated; the total is the measured one."""
+    if evidence_bytes is None or evidence_bytes <= 0:
+        return estimate
+    return estimate.model_copy(
+        update={
+            "total_bytes": evidence_bytes,
+            "source": "evidence",
+            "detail": f"measured {gib(evidence_bytes)} on a node (estimated"
+            f" {gib(estimate.total_bytes)})",
+        }
+    )
+
+
+def gib(value: int) -> str:
+    return f"{value / GiB:.1f} GiB"
