@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from agent import AGENT_VERSION, CAPABILITIES
 from agent.client import OperatorClient, ProtocolClient, TlsOptions, make_http_client
 from agent.collectors.host import HostTelemetry
@@ -38,6 +40,7 @@ from agent.diagnostics import configure_logging, failure_line
 from agent.errors import RequestFailed
 from agent.publisher import Publisher, Stats, Timing
 from agent.retry import Stopped, interruptible_sleep, retry_transient
+from agent.sim_runtime import GIB, RuntimeCounters, RuntimeOptions, SimRuntime
 from agent.state import Sequences
 from schemas.admin import CreateEnrollmentToken
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest, HostFacts, StorageTelemetry
@@ -69,6 +72,10 @@ class SimOptions:
     request_timeout_s: float = 30.0
     tls: TlsOptions = field(default_factory=TlsOptions)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    # Simulated runtime workers beside the agents (agent/sim_runtime.py), or none.
+    runtime: RuntimeOptions | None = None
+    # Labels every simulated node gets beside simulated=true and sim-run.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +87,7 @@ class SimReport:
     sent: Counter[str]
     failures: Counter[str]
     latencies: dict[str, list[float]] = field(default_factory=dict)
+    runtime: RuntimeCounters | None = None
 
     @property
     def errors(self) -> int:
@@ -100,6 +108,7 @@ class SimReport:
             "steady_s": self.steady_s,
             "sent": dict(self.sent),
             "failures": dict(self.failures),
+            **({"runtime": vars(self.runtime)} if self.runtime else {}),
             "latency_s": {
                 op: {"p50": self.percentile(op, 50), "p99": self.percentile(op, 99)}
                 for op in sorted(self.latencies)
@@ -113,13 +122,20 @@ class SimReport:
             f"then published for {self.steady_s:.1f}s; sent: {sent or 'nothing'}; "
             f"errors: {self.errors}"
         ]
+        if self.runtime is not None:
+            r = self.runtime
+            lines.append(
+                f"runtime: {r.acquisitions} acquisitions, {r.loads} loads, {r.invokes} invokes"
+                f" ({r.tokens} tokens, {r.refused} refused, {r.cut} cut by a drain)"
+            )
         lines += [f"  {count} x {key}" for key, count in self.failures.most_common()]
         return "\n".join(lines)
 
 
 class SimulatedHost:
-    def __init__(self, hostname: str, seed: str) -> None:
+    def __init__(self, hostname: str, seed: str, artifact_roots: list[str] | None = None) -> None:
         self.hostname = hostname
+        self.artifact_roots = artifact_roots or []
         self._random = random.Random(seed)
         self._ram_used = self._random.uniform(0.1, 0.5) * RAM
 
@@ -132,6 +148,7 @@ class SimulatedHost:
             cpu_count=64,
             ram_total_bytes=RAM,
             storage_total_bytes=DISK,
+            artifact_roots=self.artifact_roots,
         )
 
     def telemetry(self) -> HostTelemetry:
@@ -152,6 +169,9 @@ class Fleet:
         self.stops: list[asyncio.Event] = []
         self.enrolled = 0
         self.stopping = asyncio.Event()
+        self.runtime_counters = RuntimeCounters() if options.runtime else None
+        # The held requests' pool (runtime channels, invoke answer streams), set by run.
+        self.streams_http: httpx.AsyncClient | None = None
 
     def _failed(self, operation: str) -> Callable[[RequestFailed], None]:
         def count(error: RequestFailed) -> None:
@@ -177,7 +197,11 @@ class Fleet:
                 "create token",
                 lambda: operator.create_token(
                     CreateEnrollmentToken(
-                        labels={"simulated": "true", "sim-run": options.run_id},
+                        labels={
+                            **options.labels,
+                            "simulated": "true",
+                            "sim-run": options.run_id,
+                        },
                         display_name=name,
                         expires_in_s=3600,
                     )
@@ -216,12 +240,17 @@ class Fleet:
         # last node is in (the `publishing:` line), after a warm-up.
         if self.stopping.is_set():
             return
+        runtime = options.runtime
         publisher = Publisher(
             client=node_client,
             node_id=answer.node_id,
             sequences=Sequences(None),
-            collector=SimulatedCollector(str(answer.node_id), options.gpus),
-            host=SimulatedHost(name, str(answer.node_id)),
+            collector=SimulatedCollector(
+                str(answer.node_id), runtime.devices if runtime else options.gpus
+            ),
+            host=SimulatedHost(
+                name, str(answer.node_id), [runtime.artifact_root] if runtime else []
+            ),
             timing=Timing(
                 heartbeat_interval_s=options.heartbeat_interval_s,
                 telemetry_interval_s=options.telemetry_interval_s,
@@ -237,7 +266,23 @@ class Fleet:
             stats=self.stats,
             stagger_s=options.heartbeat_interval_s,
         )
-        error = await publisher.run(stop)
+        if runtime is not None and self.streams_http is not None:
+            sim = SimRuntime(
+                answer.node_id,
+                runtime,
+                node_client,
+                ProtocolClient(self.streams_http, answer.credential),
+                counters=self.runtime_counters,
+                on_failure=lambda what, exc: self._failed(what)(exc),
+            )
+            runner = asyncio.create_task(sim.run(stop))
+            try:
+                error = await publisher.run(stop)
+            finally:
+                stop.set()
+                await runner
+        else:
+            error = await publisher.run(stop)
         if error is not None:
             logger.error("%s: this simulated node stopped (%s)", name, type(error).__name__)
 
@@ -266,6 +311,18 @@ class Fleet:
                 )
                 for _ in range(shards)
             ]
+            if options.runtime is not None:
+                # Held requests (a channel per node, an answer stream per invoke): one
+                # connection each, outside the bound that keeps the short ones moving.
+                self.streams_http = await pools.enter_async_context(
+                    make_http_client(
+                        options.api_url,
+                        tls=options.tls,
+                        timeout_s=options.request_timeout_s,
+                        max_connections=max(64, 4 * options.nodes),
+                        trust_env=False,
+                    )
+                )
             limiters = [
                 asyncio.Semaphore(max(1, options.concurrency // shards)) for _ in range(shards)
             ]
@@ -338,6 +395,7 @@ class Fleet:
             sent=self.stats.sent,
             failures=self.stats.failures,
             latencies=self.stats.latencies or {},
+            runtime=self.runtime_counters,
         )
 
 
@@ -355,6 +413,29 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
             missing = "--api-url" if api_url is None else "--operator-key"
             raise SystemExit(f"modelforge simulate: {missing} is needed: {exc}") from None
     return api_url, key
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"modelforge simulate: --label {text!r} is not KEY=VALUE")
+    return key, value
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions | None:
+    """The simulated runtime workers' settings from the flags (cli/main.py), or None
+    without --runtime."""
+    if not args.runtime:
+        return None
+    return RuntimeOptions(
+        devices=args.devices_per_node if args.devices_per_node is not None else args.gpus,
+        device_memory_bytes=int(args.device_memory_gib * GIB),
+        tokens_per_s=args.tokens_per_s,
+        load_s=args.load_s,
+        acquire_s=args.acquire_s,
+        report_interval_s=args.runtime_report_interval,
+        job_poll_interval_s=args.job_poll_interval,
+    )
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -375,6 +456,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         concurrency=args.concurrency,
         latency_warmup_s=args.latency_warmup,
+        runtime=runtime_options(args),
+        labels=dict(_label(text) for text in args.label or []),
         tls=TlsOptions(
             Path(args.ca_bundle) if args.ca_bundle else None,
             Path(args.client_cert) if args.client_cert else None,

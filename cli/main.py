@@ -236,6 +236,27 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sim.add_argument(
         "--latency-warmup", type=float, default=0.0, help="seconds of publishing not timed"
     )
+    # Simulated runtime workers beside the agents (agent/sim_runtime.py).
+    sim.add_argument(
+        "--runtime",
+        action="store_true",
+        help="also run a simulated runtime worker per node (devices, deployments, invokes)",
+    )
+    sim.add_argument("--devices-per-node", type=int, help="default: --gpus")
+    sim.add_argument("--device-memory-gib", type=float, default=80.0)
+    sim.add_argument("--tokens-per-s", type=float, default=50.0, help="per invoke")
+    sim.add_argument("--load-s", type=float, default=2.0, help="a deployment's load time")
+    sim.add_argument("--acquire-s", type=float, default=0.5, help="an artifact job's time")
+    sim.add_argument("--runtime-report-interval", type=float, default=30.0)
+    sim.add_argument(
+        "--job-poll-interval",
+        type=float,
+        default=30.0,
+        help="seconds between claims when no note came on the channel",
+    )
+    sim.add_argument(
+        "--label", action="append", metavar="KEY=VALUE", help="an extra label on every node"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
