@@ -34,6 +34,7 @@ from api.middleware.access_log import AccessLogMiddleware
 from api.middleware.body_limit import BodySizeLimitMiddleware
 from api.middleware.correlation import CorrelationIdMiddleware
 from api.middleware.utf8_body import Utf8BodyMiddleware
+from api.model_headers import ModelHeaders
 from api.node_cache import NodeCache, node_cache
 from api.notifications import notification_hub
 from api.presence import presence_beat
@@ -87,6 +88,12 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
         manifests = ManifestResolver(
             settings.artifact_source_url, token.get_secret_value() if token else None
         )
+        model_headers = ModelHeaders(
+            settings.artifact_source_url,
+            token.get_secret_value() if token else None,
+            settings.model_header_timeout_s,
+            settings.model_header_max_bytes,
+        )
         sessions = make_sessionmaker(engine)
         try:
             async with (
@@ -132,6 +139,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     node_cache=cache,
                     heartbeats=heartbeats,
                     manifests=manifests,
+                    model_headers=model_headers,
                     notifications=notifications,
                     held_streams=held,
                     invokes=invokes,
@@ -152,6 +160,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     warming.cancel()
         finally:
             await manifests.close()
+            await model_headers.close()
             await broker.close()
             await engine.dispose()
 

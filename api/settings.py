@@ -83,6 +83,11 @@ class ApiSettings(LeaseSettings):
     # Server-resolved artifact manifests (api/manifests.py): a Hub-layout source.
     artifact_source_url: str = "https://huggingface.co"
     artifact_source_token: SecretStr | None = None
+    # A service's memory estimate reads its GGUF's header from the same source
+    # (api/model_headers.py): at most this many bytes of the file's start, each read
+    # within this time; past either, the estimate is the file's size.
+    model_header_timeout_s: float = Field(default=10.0, gt=0)
+    model_header_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     # The gateway (api/gateway/). Time to first token and the gap between tokens are
     # separate bounds, so a slow prefill is not taken for a hang.
     gateway_first_token_timeout_s: float = Field(default=60.0, gt=0)

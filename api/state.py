@@ -16,6 +16,7 @@ from api.heartbeat_buffer import HeartbeatBuffer
 from api.held_streams import HeldStreams
 from api.manifests import ManifestResolver
 from api.metrics import ApiMetrics
+from api.model_headers import ModelHeaders
 from api.node_cache import NodeCache
 from api.notifications import NotificationHub
 from api.return_batch import ReturnBatcher
@@ -37,6 +38,8 @@ class ApiState:
     node_cache: NodeCache
     heartbeats: HeartbeatBuffer
     manifests: ManifestResolver
+    # A service's GGUF header, for its memory estimate (api/admin/services.py).
+    model_headers: ModelHeaders
     notifications: NotificationHub
     held_streams: HeldStreams
     invokes: InvokeRelay

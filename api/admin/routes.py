@@ -23,6 +23,7 @@ from api.admin import (
     nodes,
     runtime,
     service_clients,
+    services,
 )
 from api.deps import AdminTransaction, State, require_operator
 from api.errors import error_responses
@@ -211,4 +212,5 @@ router.include_router(artifact_jobs.router)
 router.include_router(runtime.router)
 router.include_router(deployments.router)
 router.include_router(service_clients.router)
+router.include_router(services.router)
 router.include_router(events.router)

@@ -17,7 +17,17 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from cli.admin import audit, dead_letters, deployments, fleet, jobs, nodes, runtime, tokens
+from cli.admin import (
+    audit,
+    dead_letters,
+    deployments,
+    fleet,
+    jobs,
+    nodes,
+    runtime,
+    services,
+    tokens,
+)
 from cli.admin.client import AdminFailure
 from cli.admin.context import Admin
 from cli.terminal import visible
@@ -52,6 +62,7 @@ def build_app() -> typer.Typer:
     app.add_typer(runtime.app, name="runtime")
     app.add_typer(deployments.app, name="deployments")
     app.add_typer(deployments.clients, name="service-clients")
+    app.add_typer(services.app, name="services")
     app.add_typer(fleet.app, name="fleet")
     app.add_typer(dead_letters.app, name="dead-letters")
     app.command("audit")(audit.audit)

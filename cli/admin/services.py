@@ -1,0 +1,415 @@
+"""`modelforge admin services …`: model services (schemas/services.py), "serve this model,
+N replicas". create, list, get, scale, rollout (and `rollout status`, `rollout undo`),
+delete. A service is named by its id or by its served name (the one not deleted).
+
+A create or a rollout is a body (-f, as `deployments create` reads one) or flags for the
+common fields; either is checked against the wire model before anything is sent."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer._click.core import Context as ClickContext
+from typer.core import TyperGroup
+
+from cli.admin.answers import answer, show_page
+from cli.admin.bodies import read_body
+from cli.admin.client import AdminClient, AdminFailure
+from cli.admin.context import JsonOption, admin, output
+from cli.admin.output import Column, Output, render_table, size
+from cli.admin.watch import follow_one
+from schemas.protocol import SERVICES
+from schemas.services import (
+    DeviceKind,
+    ReplicaView,
+    RolloutState,
+    RolloutView,
+    ServiceCreate,
+    ServiceDetail,
+    ServiceList,
+    ServiceRollout,
+    ServiceScale,
+    ServiceState,
+    ServiceTemplate,
+    ServiceView,
+)
+
+app = typer.Typer(help="model services: create, list, get, scale, rollout, delete")
+
+
+class _RolloutGroup(TyperGroup):
+    """`rollout SERVICE …` starts one; `rollout status|undo SERVICE` are its others."""
+
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["start", *args]
+        return super().parse_args(ctx, args)
+
+
+rollouts = typer.Typer(
+    cls=_RolloutGroup,
+    help=(
+        "roll out a new template: `rollout SERVICE [-f body | flags]`; "
+        "`rollout status SERVICE [--watch]`; `rollout undo SERVICE`"
+    ),
+)
+app.add_typer(rollouts, name="rollout")
+
+ServiceArg = Annotated[str, typer.Argument(help="the service's id or its served name")]
+FileOption = Annotated[
+    Path | None, typer.Option("--file", "-f", help="the request body (JSON; - for stdin)")
+]
+# A receipt's message in a table: its start (`get` shows it whole).
+RECEIPT_CHARS = 60
+
+SERVICE_COLUMNS: list[Column[ServiceView]] = [
+    Column("ID", lambda s: s.id),
+    Column("NAME", lambda s: s.name),
+    Column("STATE", lambda s: s.state, styled=True),
+    Column("READY", lambda s: f"{s.ready_replicas}/{s.replicas}"),
+    Column("GEN", lambda s: s.generation),
+    Column("ROLLOUT", lambda s: _rollout_cell(s.rollout)),
+    Column("RECEIPT", lambda s: _cut(s.last_receipt.message) if s.last_receipt else None),
+]
+REPLICA_COLUMNS: list[Column[ReplicaView]] = [
+    Column("REPLICA", lambda r: r.id),
+    Column("GEN", lambda r: r.generation),
+    Column("NODE", lambda r: r.node_id),
+    Column("DEVICE", lambda r: r.device_id),
+    Column("PHASE", lambda r: r.phase, styled=True),
+    Column("FAILURE", lambda r: f"{r.failure.code}: {r.failure.detail}" if r.failure else None),
+    Column("SINCE", lambda r: r.phase_changed_at),
+]
+ROLLOUT_COLUMNS: list[Column[RolloutView]] = [
+    Column("STATE", lambda r: r.state, styled=True),
+    Column("GEN", lambda r: r.generation),
+    Column("UPDATED READY", lambda r: f"{r.updated_ready}/{r.desired}"),
+    Column("OUTDATED", lambda r: r.outdated),
+    Column("REASON", lambda r: r.reason),
+    Column("STARTED", lambda r: r.started_at),
+]
+
+
+# ------------------------------------------------------------------ commands
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    file: FileOption = None,
+    name: Annotated[str | None, typer.Option(help="the served model name")] = None,
+    repository: Annotated[str | None, typer.Option()] = None,
+    revision: Annotated[str, typer.Option(help="resolved once to a commit")] = "main",
+    path: Annotated[str | None, typer.Option(help="the GGUF file in the repository")] = None,
+    profile: Annotated[uuid.UUID | None, typer.Option(help="the runtime profile's id")] = None,
+    environment: Annotated[
+        uuid.UUID | None, typer.Option(help="default: the one each node reports")
+    ] = None,
+    replicas: Annotated[int, typer.Option()] = 1,
+    role: Annotated[list[str] | None, typer.Option(help="repeatable")] = None,
+    selector: Annotated[list[str] | None, typer.Option(help="label key=value; repeatable")] = None,
+    device_kind: Annotated[DeviceKind | None, typer.Option()] = None,
+    max_per_node: Annotated[int, typer.Option(help="replicas on one node at most")] = 1,
+    max_concurrent: Annotated[int | None, typer.Option()] = None,
+    json: JsonOption = False,
+) -> None:
+    """Declare a service (-f body.json, or the flags: --name, --repository, --path and
+    --profile at least). The reconciler places its replicas."""
+    if file is not None:
+        body = read_body(file, ServiceCreate)
+    else:
+        missing = [
+            flag
+            for flag, value in (
+                ("--name", name),
+                ("--repository", repository),
+                ("--path", path),
+                ("--profile", profile),
+            )
+            if value is None
+        ]
+        if missing:
+            raise typer.BadParameter(f"give -f, or {', '.join(missing)}")
+        values: dict[str, Any] = {
+            "name": name,
+            "roles": role or [],
+            "artifact": {"repository": repository, "revision": revision, "path": path},
+            "profile_id": str(profile),
+            "environment_id": str(environment) if environment else None,
+            "replicas": replicas,
+            "placement": {
+                "selector": _labels(selector or []),
+                "device_kind": device_kind.value if device_kind else None,
+                "max_per_node": max_per_node,
+            },
+        }
+        if max_concurrent is not None:
+            values["max_concurrent"] = max_concurrent
+        body = ServiceCreate.model_validate(values)
+    view = answer(ctx, lambda c: c.call(ServiceDetail, "POST", SERVICES, body=body))
+    _show(output(json), view)
+
+
+@app.command("list")
+def list_services(
+    ctx: typer.Context,
+    state: Annotated[list[ServiceState] | None, typer.Option(help="repeatable")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    json: JsonOption = False,
+) -> None:
+    show_page(
+        ctx,
+        json,
+        SERVICE_COLUMNS,
+        lambda c: c.get(ServiceList, SERVICES, state=state, name=name),
+    )
+
+
+@app.command("get")
+def get(
+    ctx: typer.Context,
+    service: ServiceArg,
+    ended: Annotated[bool, typer.Option(help="ended replicas too")] = False,
+    json: JsonOption = False,
+) -> None:
+    """The service, its replicas and its last placement receipt in full."""
+    view = answer(
+        ctx,
+        lambda c: c.get(
+            ServiceDetail, f"{SERVICES}/{_id(c, service)}", ended="true" if ended else None
+        ),
+    )
+    _show(output(json), view)
+
+
+@app.command("scale")
+def scale(
+    ctx: typer.Context,
+    service: ServiceArg,
+    replicas: Annotated[int, typer.Argument(help="the desired count")],
+    json: JsonOption = False,
+) -> None:
+    body = ServiceScale.model_validate({"replicas": replicas})
+    _act(ctx, json, service, "scale", body)
+
+
+@rollouts.command("start")
+def rollout(
+    ctx: typer.Context,
+    service: ServiceArg,
+    file: FileOption = None,
+    revision: Annotated[
+        str | None, typer.Option(help="a new revision of the same repository and file")
+    ] = None,
+    repository: Annotated[str | None, typer.Option()] = None,
+    path: Annotated[str | None, typer.Option()] = None,
+    profile: Annotated[uuid.UUID | None, typer.Option()] = None,
+    environment: Annotated[uuid.UUID | None, typer.Option()] = None,
+    max_concurrent: Annotated[int | None, typer.Option()] = None,
+    json: JsonOption = False,
+) -> None:
+    """A new template (what the flags or the body name; the rest kept), replacing the
+    replicas one at a time. `rollout status` follows it."""
+    with admin(ctx).client() as client:
+        service_id = _id(client, service)
+        if file is not None:
+            body = read_body(file, ServiceRollout)
+        else:
+            values: dict[str, Any] = {}
+            if revision is not None or repository is not None or path is not None:
+                current = client.get(ServiceDetail, f"{SERVICES}/{service_id}").template
+                values["artifact"] = {
+                    "repository": repository or current.artifact.repository,
+                    "revision": revision or current.artifact.revision,
+                    "path": path or current.artifact.path,
+                }
+            if profile is not None:
+                values["profile_id"] = str(profile)
+            if environment is not None:
+                values["environment_id"] = str(environment)
+            if max_concurrent is not None:
+                values["max_concurrent"] = max_concurrent
+            if not values:
+                raise typer.BadParameter(
+                    "give -f, or what changes: --revision, --repository, --path, --profile,"
+                    " --environment, --max-concurrent"
+                )
+            body = ServiceRollout.model_validate(values)
+        view = client.call(ServiceDetail, "POST", f"{SERVICES}/{service_id}/rollout", body=body)
+    _show(output(json), view)
+
+
+@rollouts.command("status")
+def rollout_status(
+    ctx: typer.Context,
+    service: ServiceArg,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", "-w", help="follow until complete (exit 0) or stopped (exit 1)"),
+    ] = False,
+    json: JsonOption = False,
+) -> None:
+    """The rollout's progress: ready replicas of the current generation out of those
+    desired, and the outdated ones still live."""
+    out = output(json)
+    with admin(ctx).client() as client:
+        service_id = _id(client, service)
+        path = f"{SERVICES}/{service_id}/rollout"
+        if not watch:
+            view = client.get(RolloutView, path)
+            out.table(view, [view], ROLLOUT_COLUMNS)
+            return
+        shown: list[RolloutView] = []
+
+        def read() -> RolloutView:
+            view = client.get(RolloutView, path)
+            if not shown or shown[-1] != view:
+                shown.append(view)
+                if out.json_mode:
+                    out.json(view)
+                else:
+                    out.line(_rollout_line(view))
+            return view
+
+        final = follow_one(
+            client,
+            out,
+            target=service_id,
+            read=read,
+            done=lambda view: view.state is not RolloutState.PROGRESSING,
+            type="service.",
+        )
+    if final.state is not RolloutState.COMPLETE:
+        raise typer.Exit(1)
+
+
+@rollouts.command("undo")
+def rollout_undo(ctx: typer.Context, service: ServiceArg, json: JsonOption = False) -> None:
+    """Back to the previous template, as a new generation; replicas still running it
+    stay."""
+    _act(ctx, json, service, "rollout/undo")
+
+
+@app.command("delete")
+def delete(ctx: typer.Context, service: ServiceArg, json: JsonOption = False) -> None:
+    """Every replica drains, then the service is deleted (its name free again)."""
+    with admin(ctx).client() as client:
+        service_id = _id(client, service)
+        view = client.call(ServiceDetail, "DELETE", f"{SERVICES}/{service_id}")
+    _show(output(json), view)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _act(
+    ctx: typer.Context,
+    json: bool,
+    service: str,
+    action: str,
+    body: ServiceScale | None = None,
+) -> None:
+    with admin(ctx).client() as client:
+        service_id = _id(client, service)
+        view = client.post(ServiceDetail, f"{SERVICES}/{service_id}/{action}", body)
+    _show(output(json), view)
+
+
+def _id(client: AdminClient, service: str) -> uuid.UUID:
+    """An id as it is; a name as the id of the service not deleted that serves it."""
+    try:
+        return uuid.UUID(service)
+    except ValueError:
+        pass
+    live = [ServiceState.ACTIVE, ServiceState.DELETING]
+    found = client.get(ServiceList, SERVICES, name=service, state=live).items
+    if not found:
+        raise AdminFailure(f"no service named {service!r}")
+    return found[0].id
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r}: give key=value")
+        labels[key] = value
+    return labels
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= RECEIPT_CHARS else text[: RECEIPT_CHARS - 1] + "…"
+
+
+def _rollout_cell(rollout: RolloutView) -> str:
+    if rollout.state is RolloutState.COMPLETE:
+        return "complete"
+    return f"{rollout.state.value} {rollout.updated_ready}/{rollout.desired}"
+
+
+def _rollout_line(view: RolloutView) -> str:
+    line = (
+        f"generation {view.generation}: {view.state.value}, {view.updated_ready} of"
+        f" {view.desired} updated and ready, {view.outdated} outdated"
+    )
+    return f"{line} ({view.reason})" if view.reason else line
+
+
+def _template(template: ServiceTemplate) -> list[tuple[str, object]]:
+    artifact = template.artifact
+    estimate = template.estimate
+    return [
+        ("artifact", f"{artifact.repository}@{artifact.commit}:{artifact.path}"),
+        ("revision", artifact.revision),
+        ("size", size(artifact.size_bytes)),
+        ("profile", f"{template.profile_id} (v{template.profile_version})"),
+        ("environment", template.environment_id or "each node's"),
+        ("max concurrent", template.max_concurrent),
+        (
+            "estimate",
+            f"{size(estimate.total_bytes)} ({estimate.source})" if estimate else None,
+        ),
+    ]
+
+
+def _show(out: Output, view: ServiceDetail) -> None:
+    """The service as labelled keys, its replicas as a table, its last receipt whole."""
+    if out.json_mode:
+        out.json(view)
+        return
+    placement = view.placement
+    out.detail(
+        view,
+        [
+            ("id", view.id),
+            ("name", view.name),
+            ("roles", view.roles),
+            ("state", view.state),
+            ("replicas", f"{view.ready_replicas} ready of {view.replicas}"),
+            ("generation", view.generation),
+            ("rollout", _rollout_line(view.rollout)),
+            *_template(view.template),
+            (
+                "autoscale",
+                f"{view.autoscale.min_replicas}..{view.autoscale.max_replicas}"
+                if view.autoscale
+                else None,
+            ),
+            ("selector", placement.selector),
+            ("device kind", placement.device_kind),
+            ("max per node", placement.max_per_node),
+            ("created", view.created_at),
+            ("updated", view.updated_at),
+        ],
+    )
+    if view.items:
+        out.console.print(render_table(view.items, REPLICA_COLUMNS, title="replicas"))
+    else:
+        out.line("no replicas")
+    receipt = view.last_receipt
+    if receipt is not None:
+        out.line(f"last placement ({receipt.outcome}): ", receipt.message)

@@ -1,0 +1,328 @@
+"""Model services' admin resource (/api/v1/admin/services) against the real API,
+PostgreSQL and a local server that speaks the Hub layout (tests/hub_server.py): the
+artifact's revision resolved to an exact commit and the memory estimate made from the
+GGUF header the source serves (the file's size when it serves none); the refusals; one
+live service per name under a race; scale, rollout, undo and delete, each one change
+with one event that reaches the audit log."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.protocol import SERVICES
+from tests.admin_helpers import audit, ok, refused
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import enroll, released_together
+from tests.hub_server import HubServer
+from tests.runtime_flows import create_profile
+from tests.service_api_flows import (
+    COMMIT,
+    COMMIT_V2,
+    FILES,
+    REPO,
+    TENSOR_BYTES,
+    add_replica,
+    db_value,
+    service_body,
+    service_events,
+)
+
+
+@pytest.fixture
+def services_api(api_factory: ApiFactory, hub: HubServer) -> RunningApi:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    hub.state.add(REPO, "v2", COMMIT_V2, {**FILES, "model.gguf": FILES["model.gguf"] + b"\0" * 64})
+    return api_factory(artifact_source_url=hub.url)
+
+
+def create(client: httpx.Client, api: RunningApi, body: dict[str, Any]) -> httpx.Response:
+    return client.post(SERVICES, json=body, headers=api.admin_headers)
+
+
+def act(
+    client: httpx.Client, api: RunningApi, service_id: str, action: str, **body: Any
+) -> httpx.Response:
+    return client.post(f"{SERVICES}/{service_id}/{action}", json=body, headers=api.admin_headers)
+
+
+def get(client: httpx.Client, api: RunningApi, service_id: str, **params: Any) -> dict[str, Any]:
+    found: dict[str, Any] = ok(
+        client.get(f"{SERVICES}/{service_id}", params=params, headers=api.admin_headers)
+    )
+    return found
+
+
+# ------------------------------------------------------------------------------ create
+
+
+def test_a_service_resolves_its_revision_and_estimates_from_the_gguf_header(
+    services_api: RunningApi,
+) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        service = ok(create(client, api, service_body(profile["id"], replicas=2)), 201)
+        artifact = service["template"]["artifact"]
+        data = FILES["model.gguf"]
+        assert artifact == {
+            "repository": REPO,
+            "revision": "main",
+            "commit": COMMIT,
+            "path": "model.gguf",
+            "size_bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        estimate = service["template"]["estimate"]
+        assert estimate["source"] == "gguf_header"
+        assert estimate["weights_bytes"] == TENSOR_BYTES
+        assert estimate["context_size"] == 512  # the profile's ctx_size
+        assert estimate["total_bytes"] > estimate["weights_bytes"]
+        assert service["template"]["profile_id"] == profile["id"]
+        assert service["template"]["profile_version"] == 1
+        assert service["state"] == "active" and service["generation"] == 1
+        assert service["replicas"] == 2 and service["ready_replicas"] == 0
+        assert service["rollout"] == {
+            "state": "complete",
+            "generation": 1,
+            "updated_ready": 0,
+            "desired": 2,
+            "outdated": 0,
+            "reason": None,
+            "started_at": None,
+        }
+        assert service["items"] == []
+        assert get(client, api, service["id"]) == service
+        listed = ok(client.get(SERVICES, headers=api.admin_headers))["items"]
+        assert [s["id"] for s in listed] == [service["id"]]
+        assert "items" not in listed[0]
+    assert service_events(api, service["id"]) == [("service.created", "created")]
+    with api.client() as client:
+        [entry] = audit(client, api, target_type="service", target_id=service["id"])
+    assert entry["action"] == "service.created" and entry["actor"] == "operator"
+
+
+def test_an_unreadable_header_falls_back_to_the_file_size(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        body = service_body(profile["id"], path="notes.gguf")
+        service = ok(create(client, api, body), 201)
+    estimate = service["template"]["estimate"]
+    assert estimate["source"] == "file_size"
+    assert estimate["weights_bytes"] == len(FILES["notes.gguf"])
+    # Below the LFS threshold the source gives a git blob id, no sha256.
+    assert service["template"]["artifact"]["sha256"] is None
+
+
+def test_refusals_are_typed(services_api: RunningApi, api_factory: ApiFactory) -> None:
+    api = services_api
+    ghost = str(uuid.uuid4())
+    with api.client() as client:
+        profile = create_profile(client, api)
+        body = service_body(profile["id"])
+        refused(client.post(SERVICES, json=body), 401, "admin_token_missing")
+        refused(client.get(SERVICES), 401, "admin_token_missing")
+        refused(client.get(f"{SERVICES}/{ghost}", headers=api.admin_headers), 404, "not_found")
+        refused(act(client, api, ghost, "scale", replicas=1), 404, "not_found")
+        refused(act(client, api, ghost, "rollout", max_concurrent=2), 404, "not_found")
+        refused(act(client, api, ghost, "rollout/undo"), 404, "not_found")
+        refused(
+            client.get(f"{SERVICES}/{ghost}/rollout", headers=api.admin_headers), 404, "not_found"
+        )
+        refused(client.delete(f"{SERVICES}/{ghost}", headers=api.admin_headers), 404, "not_found")
+        refused(create(client, api, {**body, "profile_id": ghost}), 422, "profile_unknown")
+        refused(create(client, api, {**body, "environment_id": ghost}), 422, "environment_unknown")
+        for broken in (
+            {**body, "replicas": -1},
+            {**body, "name": ""},
+            {key: value for key, value in body.items() if key != "artifact"},
+            {**body, "autoscale": {"min_replicas": 3, "max_replicas": 2}},
+            {**body, "artifact": {**body["artifact"], "path": "../etc/passwd"}},
+            {**body, "placement": {"max_per_node": 0}},
+            {**body, "surprise": True},
+        ):
+            refused(create(client, api, broken), 422, "validation_failed")
+        wrong_revision = {**body, "artifact": {**body["artifact"], "revision": "nope"}}
+        refused(create(client, api, wrong_revision), 422, "manifest_unresolved")
+        no_file = {**body, "artifact": {**body["artifact"], "path": "absent.gguf"}}
+        refused(create(client, api, no_file), 422, "manifest_unresolved")
+        # A path with a glob's characters names that one file, never a pattern.
+        starred = {**body, "artifact": {**body["artifact"], "path": "*.gguf"}}
+        refused(create(client, api, starred), 422, "manifest_unresolved")
+        assert ok(client.get(SERVICES, headers=api.admin_headers))["items"] == []
+    offline = api_factory()  # its source is a closed port
+    with offline.client() as client:
+        profile = create_profile(client, offline, name="offline")
+        refused(create(client, offline, service_body(profile["id"])), 503, "source_unavailable")
+
+
+async def test_one_live_service_per_name_under_a_race(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+    body = service_body(profile["id"], name="raced")
+    async with api.async_client() as client:
+        responses = await released_together(
+            8, lambda _: client.post(SERVICES, json=body, headers=api.admin_headers)
+        )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [201] + [409] * 7, [r.text for r in responses]
+    for response in responses:
+        if response.status_code == 409:
+            assert response.json()["code"] == "state_conflict"
+    assert db_value(api, "SELECT count(*) FROM services WHERE name = 'raced'") == 1
+
+
+# ------------------------------------------------------------------------------ changes
+
+
+def test_scale_rollout_undo_and_delete_each_one_event(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        node = enroll(client, api)
+        service = ok(create(client, api, service_body(profile["id"])), 201)
+        service_id = service["id"]
+
+        scaled = ok(act(client, api, service_id, "scale", replicas=3))
+        assert scaled["replicas"] == 3 and scaled["rollout"]["desired"] == 3
+        # The same count again: no change, no event.
+        assert ok(act(client, api, service_id, "scale", replicas=3))["replicas"] == 3
+        refused(act(client, api, service_id, "scale", replicas=1001), 422, "validation_failed")
+
+        # A replica of generation 1, ready, as the reconciler would have placed it.
+        first = add_replica(api, service_id, node.node_id, "gpu0", generation=1, phase="ready")
+        assert get(client, api, service_id)["ready_replicas"] == 1
+
+        rolled = ok(act(client, api, service_id, "rollout", artifact=_artifact("v2")))
+        assert rolled["generation"] == 2
+        assert rolled["template"]["artifact"]["commit"] == COMMIT_V2
+        assert rolled["template"]["estimate"]["source"] == "gguf_header"
+        assert rolled["rollout"]["state"] == "progressing"
+        assert rolled["rollout"]["reason"] == "rollout"
+        assert rolled["rollout"]["started_at"] is not None
+        assert rolled["rollout"]["updated_ready"] == 0 and rolled["rollout"]["outdated"] == 1
+        status = ok(client.get(f"{SERVICES}/{service_id}/rollout", headers=api.admin_headers))
+        assert status == rolled["rollout"]
+        # The same template again (v2 still resolves to the same commit): refused.
+        same = refused(
+            act(client, api, service_id, "rollout", artifact=_artifact("v2")),
+            409,
+            "state_conflict",
+        )
+        assert same["extra"]["generation"] == 2
+        refused(act(client, api, service_id, "rollout"), 422, "validation_failed")
+        refused(
+            act(client, api, service_id, "rollout", profile_id=str(uuid.uuid4())),
+            422,
+            "profile_unknown",
+        )
+        # A replica of the new generation, loading.
+        add_replica(api, service_id, node.node_id, "gpu1", generation=2, phase="loading")
+
+        undone = ok(act(client, api, service_id, "rollout/undo"))
+        assert undone["generation"] == 3
+        assert undone["template"]["artifact"]["commit"] == COMMIT
+        assert undone["rollout"]["reason"] == "undo"
+        # The generation-1 replica runs generation 3's template already: relabelled.
+        replicas = {r["id"]: r for r in undone["items"]}
+        assert replicas[first]["generation"] == 3
+        assert undone["rollout"]["updated_ready"] == 1 and undone["rollout"]["outdated"] == 1
+        # Undo again: back to v2, whose loading replica is relabelled in turn.
+        again = ok(act(client, api, service_id, "rollout/undo"))
+        assert again["generation"] == 4
+        assert again["template"]["artifact"]["commit"] == COMMIT_V2
+        assert sorted(r["generation"] for r in again["items"]) == [3, 4]
+
+        profile_2 = create_profile(client, api, name="bigger", ctx_size=1024)
+        moved = ok(act(client, api, service_id, "rollout", profile_id=profile_2["id"]))
+        assert moved["generation"] == 5
+        assert moved["template"]["estimate"]["context_size"] == 1024
+        assert moved["template"]["artifact"]["commit"] == COMMIT_V2
+
+        deleting = client.delete(f"{SERVICES}/{service_id}", headers=api.admin_headers)
+        assert ok(deleting, 202)["state"] == "deleting"
+        # Deleting again: the same answer, no second event.
+        assert (
+            ok(client.delete(f"{SERVICES}/{service_id}", headers=api.admin_headers), 202)["state"]
+            == "deleting"
+        )
+        refused(act(client, api, service_id, "scale", replicas=2), 409, "state_conflict")
+        refused(act(client, api, service_id, "rollout", max_concurrent=2), 409, "state_conflict")
+        refused(act(client, api, service_id, "rollout/undo"), 409, "state_conflict")
+        # Its name is still taken while it drains.
+        refused(create(client, api, service_body(profile["id"])), 409, "state_conflict")
+    assert service_events(api, service_id) == [
+        ("service.created", "created"),
+        ("service.changed", "scaled"),
+        ("service.changed", "rollout"),
+        ("service.changed", "undo"),
+        ("service.changed", "undo"),
+        ("service.changed", "rollout"),
+        ("service.changed", "deleting"),
+    ]
+    with api.client() as client:
+        audited = audit(client, api, target_type="service", target_id=service_id)
+    assert sorted(e["action"] for e in audited) == sorted(
+        ["service.created"] + ["service.changed"] * 6
+    )
+
+
+def test_autoscale_clamps_an_operators_count(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        body = service_body(
+            profile["id"], replicas=9, autoscale={"min_replicas": 1, "max_replicas": 3}
+        )
+        service = ok(create(client, api, body), 201)
+        assert service["replicas"] == 3
+        assert ok(act(client, api, service["id"], "scale", replicas=0))["replicas"] == 1
+        assert ok(act(client, api, service["id"], "scale", replicas=2))["replicas"] == 2
+
+
+def test_undo_without_a_previous_template_is_refused(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        service = ok(create(client, api, service_body(profile["id"])), 201)
+        refused(act(client, api, service["id"], "rollout/undo"), 409, "state_conflict")
+
+
+def test_lists_filter_and_ended_replicas_show_on_request(services_api: RunningApi) -> None:
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        node = enroll(client, api)
+        one = ok(create(client, api, service_body(profile["id"], name="one")), 201)
+        two = ok(create(client, api, service_body(profile["id"], name="two")), 201)
+        ok(client.delete(f"{SERVICES}/{two['id']}", headers=api.admin_headers), 202)
+
+        def names(**params: Any) -> list[str]:
+            items = ok(client.get(SERVICES, params=params, headers=api.admin_headers))["items"]
+            return [s["name"] for s in items]
+
+        assert names() == ["two", "one"]
+        assert names(state="deleting") == ["two"]
+        assert names(state=["active", "deleting"]) == ["two", "one"]
+        assert names(name="one") == ["one"]
+        assert names(limit=1) == ["two"] and names(limit=1, offset=1) == ["one"]
+        refused(
+            client.get(SERVICES, params={"state": "gone"}, headers=api.admin_headers),
+            422,
+            "validation_failed",
+        )
+        live = add_replica(api, one["id"], node.node_id, "gpu0", generation=1, phase="ready")
+        ended = add_replica(api, one["id"], node.node_id, "gpu1", generation=1, phase="ended")
+        assert [r["id"] for r in get(client, api, one["id"])["items"]] == [live]
+        shown = get(client, api, one["id"], ended="true")["items"]
+        assert sorted(r["id"] for r in shown) == sorted([live, ended])
+
+
+def _artifact(revision: str) -> dict[str, str]:
+    return {"repository": REPO, "revision": revision, "path": "model.gguf"}
