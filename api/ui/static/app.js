@@ -133,6 +133,24 @@
       page.rows.set(key, row);
       flash(row);
     }
+    // A new item at the top of the first page (lists are newest first), the rows on
+    // screen kept as they are; the page's last row leaves when the page is full.
+    function prepend(item) {
+      const key = String(keyOf(item));
+      if (page.offset !== 0 || page.rows.has(key)) return;
+      const row = rowOf(item);
+      body.prepend(row);
+      page.rows.set(key, row);
+      flash(row);
+      while (page.rows.size > PAGE) {
+        const last = body.lastElementChild;
+        for (const [shown, element] of page.rows) if (element === last) page.rows.delete(shown);
+        last.remove();
+        page.more = true;
+        if (next) next.disabled = false;
+      }
+      if (range) range.textContent = `${page.offset + 1}–${page.offset + page.rows.size}`;
+    }
     function remove(key) {
       const old = page.rows.get(String(key));
       if (old) old.remove();
@@ -140,7 +158,7 @@
     }
     if (prev) prev.addEventListener("click", () => { page.offset = Math.max(0, page.offset - PAGE); reload(); });
     if (next) next.addEventListener("click", () => { page.offset += PAGE; reload(); });
-    return { page, reload, replace, remove, visible: (key) => page.rows.has(String(key)) };
+    return { page, reload, replace, prepend, remove, visible: (key) => page.rows.has(String(key)) };
   }
 
   // -- nodes ------------------------------------------------------------------------------
@@ -545,7 +563,10 @@
         if (!String(event.action).startsWith("service.")) return;
         const id = event.data?.service_id || event.targetid;
         if (table.visible(id) || (detail && detail.id === id)) coalesce(`service:${id}`, () => refresh(id));
-        else if (event.action === "service.created" && table.page.offset === 0) coalesce("services:page", table.reload);
+        else if (event.action === "service.created" && table.page.offset === 0) {
+          // The new service's row only: the rows on screen are not drawn again.
+          coalesce(`service:${id}`, async () => table.prepend(await getJson(`${paths.services}/${id}`)));
+        }
       },
     };
   }
