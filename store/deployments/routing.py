@@ -12,10 +12,12 @@ from sqlalchemy import Float, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.deployments import DeploymentState
+from schemas.services import ServiceState
 from store.deployments.rules import ENDED
 from store.deployments.tables import Deployment
 from store.models import Node
 from store.runtime_tables import RuntimeEvidence
+from store.services.tables import Service
 
 
 @dataclass(frozen=True)
@@ -93,17 +95,36 @@ async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
     return found
 
 
+def _live_service() -> Any:
+    return Service.state != ServiceState.DELETED.value
+
+
 async def served(session: AsyncSession) -> list[tuple[str, list[str]]]:
-    """(model, roles) of every deployment that has not ended."""
+    """(model, roles) of every deployment that has not ended and every live service (one
+    may have no replica at a given moment, while it heals or scales from zero)."""
     rows = await session.execute(
-        select(Deployment.model, Deployment.roles).where(Deployment.state.not_in(list(ENDED)))
+        select(Deployment.model, Deployment.roles)
+        .where(Deployment.state.not_in(list(ENDED)))
+        .union_all(select(Service.name, Service.roles).where(_live_service()))
     )
     return [(model, list(roles)) for model, roles in rows.all()]
 
 
 async def anyone_serves(session: AsyncSession, name: str) -> bool:
-    """Whether a deployment that has not ended serves this model or role (404 if none)."""
+    """Whether a deployment that has not ended, or a live service, serves this model or
+    role: a 404 otherwise. A live service without a ready replica is a 503 with
+    Retry-After instead, which clients retry (the openai client does by default)."""
     row = await session.execute(
         select(Deployment.id).where(Deployment.state.not_in(list(ENDED)), _serving(name)).limit(1)
     )
-    return row.first() is not None
+    if row.first() is not None:
+        return True
+    service = await session.execute(
+        select(Service.id)
+        .where(
+            _live_service(),
+            or_(Service.name == name, Service.roles.contains(func.to_jsonb(name))),
+        )
+        .limit(1)
+    )
+    return service.first() is not None
