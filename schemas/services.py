@@ -20,17 +20,36 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Final, Literal
 
-from pydantic import BeforeValidator, Field, Strict, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, model_validator
 
 from schemas.artifacts import CommitId, Repository, Revision
-from schemas.base import Count, FilePath, Label, LabelValue, Number, WireModel, json_integer
+from schemas.base import (
+    LABEL_KEY_PATTERN,
+    Count,
+    FilePath,
+    Label,
+    LabelValue,
+    Number,
+    WireModel,
+    json_integer,
+)
 from schemas.deployments import Concurrency, DeadlineSeconds, Roles, ServedModel
 
 ReplicaCount = Annotated[int, Strict(), Field(ge=0, le=1000), BeforeValidator(json_integer)]
 PerNode = Annotated[int, Strict(), Field(ge=1, le=64), BeforeValidator(json_integer)]
 Surge = Annotated[int, Strict(), Field(ge=1, le=16), BeforeValidator(json_integer)]
 Unavailable = Annotated[int, Strict(), Field(ge=0, le=16), BeforeValidator(json_integer)]
-Selector = Annotated[dict[Label, LabelValue], Field(max_length=16)]
+Selector = Annotated[
+    dict[Label, LabelValue],
+    Field(
+        max_length=16,
+        # As schemas/base.py: Labels: propertyNames says what the validator enforces.
+        json_schema_extra={
+            "propertyNames": {"minLength": 1, "maxLength": 63, "pattern": LABEL_KEY_PATTERN},
+            "additionalProperties": False,
+        },
+    ),
+]
 # The placement reasons and the receipt's message are bounded: a receipt is stored and
 # shown at every decision.
 ReceiptText = Annotated[str, Field(max_length=1000)]
@@ -137,7 +156,12 @@ class Autoscale(WireModel):
     below half the target; `cooldown_s` between two changes."""
 
     min_replicas: ReplicaCount = 1
-    max_replicas: ReplicaCount
+    max_replicas: Annotated[
+        ReplicaCount,
+        # A rule between two fields, which JSON Schema cannot state (the OpenAPI
+        # contract's fuzzing reads the phrase: tests/test_schemathesis.py).
+        Field(description="must be at least min_replicas"),
+    ]
     target_queue_per_replica: Annotated[Number, Field(gt=0, le=1000)] = 2.0
     target_ttft_s: Annotated[Number, Field(gt=0, le=600)] | None = None
     cooldown_s: Annotated[Number, Field(ge=0, le=86_400)] = 60.0
@@ -175,6 +199,9 @@ class ServiceScale(WireModel):
 class ServiceRollout(WireModel):
     """POST …/services/{id}/rollout: a new template (what changes), rolled out one
     replica at a time."""
+
+    # At least one field named (the validator below), stated in the schema too.
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
 
     artifact: ServiceArtifact | None = None
     profile_id: uuid.UUID | None = None

@@ -50,9 +50,10 @@ schema.config.generation.update(max_examples=MAX_EXAMPLES)
 
 
 # Rules the wire types state in their descriptions that JSON Schema cannot express:
-# uniqueness within a list (GPU UUIDs and indexes, storage paths), and a path segment's
-# length in UTF-8 bytes (its length in characters is in the pattern).
-_INEXPRESSIBLE = ("may appear once", "bytes (UTF-8)")
+# uniqueness within a list (GPU UUIDs and indexes, storage paths), a path segment's
+# length in UTF-8 bytes (its length in characters is in the pattern), and a bound that is
+# another field's value (a service's autoscale maximum).
+_INEXPRESSIBLE = ("may appear once", "bytes (UTF-8)", "must be at least min_replicas")
 
 
 @schema.hook
