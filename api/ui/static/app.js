@@ -429,7 +429,7 @@
         if (reason === "insufficient_memory") text += ` (needs ${gib(receipt.needs_bytes)}, best ${gib(receipt.best_free_bytes)})`;
         return text;
       });
-    const counted = `${receipt.feasible} of ${receipt.nodes_considered} node${receipt.nodes_considered === 1 ? "" : "s"}`;
+    const counted = `${receipt.feasible} of ${receipt.nodes_considered} nodes`;
     return parts.length ? `${counted}: ${parts.join(", ")}` : counted;
   }
 

@@ -1,0 +1,143 @@
+"""The dashboard's Services view (issue 32) in headless Chromium (tests/ui_helpers.py):
+the text nodes and operators control (a node's display name in a receipt's message and
+in the replicas, a replica's failure detail) is shown as text, never as markup, and the
+open panel follows the service's events. Real API, NATS, PostgreSQL and a local server
+in the Hub's layout (tests/hub_server.py) as the artifact source.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.protocol import SERVICES
+from schemas.services import PlacementReceipt
+from tests.admin_helpers import ok, patch_node
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import enroll
+from tests.hub_server import HubServer
+from tests.runtime_flows import create_profile
+from tests.service_api_flows import COMMIT, FILES, REPO, add_replica, service_body
+from tests.services import db_fetch, run_async
+from tests.ui_helpers import ARRIVAL_MS, signed_in
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
+# Markup an operator or a node could put in text the page shows: executed, it would set
+# the flag; interpreted, it would leave an <img> in the view.
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+
+
+def _create(client: httpx.Client, api: RunningApi, profile_id: str, **extra: Any) -> str:
+    body = service_body(profile_id, **extra)
+    created: dict[str, Any] = ok(client.post(SERVICES, json=body, headers=api.admin_headers), 201)
+    return str(created["id"])
+
+
+def _scale(client: httpx.Client, api: RunningApi, service_id: str, replicas: int) -> None:
+    path = f"{SERVICES}/{service_id}/scale"
+    ok(client.post(path, json={"replicas": replicas}, headers=api.admin_headers))
+
+
+def _services_tab(page: Any, api: RunningApi) -> None:
+    from playwright.sync_api import expect
+
+    signed_in(page, api)
+    page.click('#tabs a[data-view="services"]')
+    expect(page.locator("#view-services")).to_be_visible()
+    page.wait_for_load_state("networkidle")
+    # A mark on the window that a reload would lose.
+    page.evaluate("window.__notReloaded = true")
+
+
+@pytest.fixture
+def sourced(hub: HubServer) -> HubServer:
+    hub.state.add(REPO, "main", COMMIT, FILES)
+    return hub
+
+
+def _receipt(message: str, node_id: str) -> str:
+    """A placed receipt as the reconciler writes one (store/services/placement.py names
+    the node by its display name in the message)."""
+    return PlacementReceipt(
+        decided_at=datetime.now(UTC),
+        outcome="placed",
+        node_id=uuid.UUID(node_id),
+        device_id="cuda:0",
+        nodes_considered=1,
+        feasible=1,
+        message=message,
+    ).model_dump_json()
+
+
+def test_operator_and_node_text_is_shown_as_text(
+    api_factory: ApiFactory, sourced: HubServer, browser_page: Any
+) -> None:
+    """The replica and receipt are written as the reconciler writes them (no reconciler
+    runs here: its placement would need a runtime), with markup in every text a node or
+    an operator controls; the page is opened after, and a scale redraws the panel."""
+    from playwright.sync_api import expect
+
+    api = api_factory(artifact_source_url=sourced.url)
+    page = browser_page
+    dialogs: list[str] = []
+
+    def dismissed(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismissed)
+    with api.client() as client:
+        profile = create_profile(client, api)["id"]
+        node = enroll(client, api, hostname="gpu-svc-01")
+        assert patch_node(client, api, node.node_id, display_name=HOSTILE).status_code == 200
+        served = _create(client, api, profile, name="served", replicas=1)
+        replica = add_replica(api, served, node.node_id, "cuda:0", generation=1, phase="loading")
+        receipt = _receipt(f"placed on {HOSTILE} cuda:0 (1 of 1 nodes feasible)", node.node_id)
+        run_async(
+            lambda: db_fetch(
+                api.settings.database_url,
+                "UPDATE service_replicas SET receipt = $2::jsonb, failure_code = 'load_failed',"
+                " failure_detail = $3 WHERE id = $1",
+                uuid.UUID(replica),
+                receipt,
+                f"llama-server said {HOSTILE}",
+            )
+        )
+        run_async(
+            lambda: db_fetch(
+                api.settings.database_url,
+                "UPDATE services SET last_receipt = $2::jsonb WHERE id = $1",
+                uuid.UUID(served),
+                receipt,
+            )
+        )
+
+        _services_tab(page, api)
+        row = page.locator(f'tr[data-service-id="{served}"]')
+        expect(row.locator('[data-role="receipt"]')).to_contain_text(f"placed on {HOSTILE}")
+        row.click()
+        panel = page.locator("#service-detail")
+        message = panel.locator('[data-role="receipt-message"]')
+        expect(message).to_have_text(f"placed on {HOSTILE} cuda:0 (1 of 1 nodes feasible)")
+        replica_row = panel.locator(f'tr[data-replica-id="{replica}"]')
+        expect(replica_row.locator('[data-role="node"]')).to_contain_text(HOSTILE)
+        expect(replica_row.locator('[data-role="failure"]')).to_have_text(
+            f"load_failed: llama-server said {HOSTILE}"
+        )
+        expect(replica_row.locator('[data-role="replica-receipt"]')).to_contain_text(HOSTILE)
+
+        # The panel follows the service's events while it is open.
+        _scale(client, api, served, 2)
+        expect(panel).to_contain_text("of 2 replicas ready", timeout=ARRIVAL_MS)
+
+    assert page.locator("#view-services img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert dialogs == []
+    assert page.evaluate("window.__notReloaded") is True
+    assert json.loads(receipt)["message"].startswith("placed on <img")
