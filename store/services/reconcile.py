@@ -1,0 +1,397 @@
+"""The service reconciler's decisions (workers/service_reconcile.py runs them): for each
+service not deleted, one step towards what its rules declare (store/services/rules.py).
+
+A step holds the service's row (FOR UPDATE SKIP LOCKED: any number of workers sweep at
+once, one of them moves a given service, the others pass it by), and then:
+* follows each live replica after its artifact job and deployment (store/services/
+  replicas.py: follow);
+* deleting: drains every replica, and marks the service deleted when none is live;
+* autoscale: moves the desired count on the ready replicas' queue depth;
+* heals and scales: a replica unavailable past the heal grace no longer counts, so a
+  replacement is placed; fewer counted than desired places more (store/services/
+  placement.py: decide, a receipt each), more drains the surplus, never cut;
+* rolls out: replicas of an older generation are replaced with Kubernetes's rolling
+  update rules (at most max_surge above the desired count, at most max_unavailable
+  ready ones short of it); a new replica that fails stops the rollout, the old ones keep
+  serving; complete once every counted replica is current and ready.
+
+While the partition breaker holds (`hold`), nothing is healed: replicas that look lost
+are more likely cut off than gone.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.events import EventType
+from schemas.services import (
+    Autoscale,
+    PlacementReceipt,
+    ReplicaPhase,
+    RolloutState,
+    ServiceState,
+    UpdateStrategy,
+)
+from store import nodes
+from store.deployments.tables import Deployment
+from store.models import Node
+from store.services import placement
+from store.services import replicas as steps
+from store.services.replicas import ServicePolicy
+from store.services.tables import Service, ServiceReplica
+
+__all__ = ["ServicePolicy", "due", "reconcile_one"]
+
+NOT_READY = (
+    ReplicaPhase.ACQUIRING.value,
+    ReplicaPhase.LOADING.value,
+    ReplicaPhase.UNAVAILABLE.value,
+)
+
+
+async def due(session: AsyncSession, *, limit: int, after: uuid.UUID | None) -> list[uuid.UUID]:
+    """Ids of services not deleted, in id order from `after` (a sweep pages)."""
+    query = select(Service.id).where(Service.state != ServiceState.DELETED.value)
+    if after is not None:
+        query = query.where(Service.id > after)
+    rows = await session.execute(query.order_by(Service.id).limit(limit))
+    return list(rows.scalars().all())
+
+
+@dataclass
+class Step:
+    """One step's context: the locked service, its live replicas, what was done."""
+
+    session: AsyncSession
+    service: Service
+    live: list[ServiceReplica]
+    now: datetime
+    policy: ServicePolicy
+    hold: bool
+    actor: str
+    done: list[str]
+
+    def counts(self, replica: ServiceReplica) -> bool:
+        """Whether it counts towards the desired replicas: not draining, and not
+        unavailable past the heal grace (unless healing is held)."""
+        if replica.phase == ReplicaPhase.DRAINING.value:
+            return False
+        if replica.phase == ReplicaPhase.UNAVAILABLE.value and not self.hold:
+            grace = timedelta(seconds=self.policy.heal_grace_s)
+            return self.now - replica.phase_changed_at < grace
+        return True
+
+    def counted(self) -> list[ServiceReplica]:
+        return [r for r in self.live if r.phase in steps.LIVE and self.counts(r)]
+
+
+async def _locked(session: AsyncSession, service_id: uuid.UUID) -> Service | None:
+    found = await session.execute(
+        select(Service)
+        .where(Service.id == service_id)
+        .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
+    )
+    return found.scalar_one_or_none()
+
+
+async def _live(session: AsyncSession, service_id: uuid.UUID) -> list[ServiceReplica]:
+    rows = await session.execute(
+        select(ServiceReplica)
+        .where(ServiceReplica.service_id == service_id, ServiceReplica.phase.in_(steps.LIVE))
+        .order_by(ServiceReplica.created_at, ServiceReplica.id)
+        .execution_options(populate_existing=True)
+    )
+    return list(rows.scalars().all())
+
+
+async def reconcile_one(
+    session: AsyncSession,
+    service_id: uuid.UUID,
+    policy: ServicePolicy,
+    *,
+    hold: bool,
+    actor: str,
+) -> list[str] | None:
+    """Move the service one step; what it did (empty: nothing to do), or None when it
+    is gone, deleted, or another worker holds it now."""
+    service = await _locked(session, service_id)
+    if service is None or service.state == ServiceState.DELETED.value:
+        return None
+    now = await nodes.now(session)
+    step = Step(session, service, await _live(session, service_id), now, policy, hold, actor, [])
+    await _follow(step)
+    if service.state == ServiceState.DELETING.value:
+        await _delete(step)
+        return step.done
+    await _autoscale(step)
+    await _place(step)
+    await _drain_surplus(step)
+    _complete_rollout(step)
+    return step.done
+
+
+# ------------------------------------------------------------------ following
+
+
+async def _follow(step: Step) -> None:
+    service = step.service
+    rolling = service.rollout_state == RolloutState.PROGRESSING.value
+    for replica in step.live:
+        action = await steps.follow(
+            step.session, service, replica, step.now, step.policy, actor=step.actor
+        )
+        if action is None and replica.phase == ReplicaPhase.ACQUIRING.value:
+            action = await _acquiring_offline(step, replica)
+        if action is None:
+            continue
+        step.done.append(f"replica {replica.id}: {action}")
+        if rolling and _failed_new(step, replica):
+            _stop_rollout(step, replica)
+            rolling = False
+
+
+async def _acquiring_offline(step: Step, replica: ServiceReplica) -> str | None:
+    """An acquisition whose node went offline waits for it (its job's lease does): past
+    the heal grace, and unless healing is held, it is given up and placed elsewhere."""
+    if step.hold:
+        return None
+    node = await step.session.get(Node, replica.node_id)
+    usable = node is not None and node.enabled and node.decommissioned_at is None
+    if usable and node is not None and node.liveness == "online":
+        return None
+    if step.now - replica.phase_changed_at < timedelta(seconds=step.policy.heal_grace_s):
+        return None
+    await steps.drain(step.session, step.service, replica, step.now, 0.0, reason="node_offline",
+                      actor=step.actor)  # fmt: skip
+    steps.back_off(step.service, replica.node_id, step.now, step.policy)
+    return "given up (node offline)"
+
+
+def _failed_new(step: Step, replica: ServiceReplica) -> bool:
+    return (
+        replica.phase == ReplicaPhase.ENDED.value
+        and replica.ended_reason == "failed"
+        and replica.generation == step.service.generation
+    )
+
+
+def _stop_rollout(step: Step, replica: ServiceReplica) -> None:
+    """A new replica failed: no more are placed, the old ones keep serving, until an
+    undo or another rollout (store/services/rules.py)."""
+    service = step.service
+    reason = f"replica {replica.id} failed on node {replica.node_id}: {replica.failure_code}"
+    service.rollout_state = RolloutState.STOPPED.value
+    service.rollout_reason = reason[:300]
+    service.updated_at = step.now
+    steps.record(step.session, service, "rollout_stopped", actor=step.actor, reason=reason)
+    step.done.append("rollout stopped")
+
+
+# ------------------------------------------------------------------ delete
+
+
+async def _delete(step: Step) -> None:
+    service = step.service
+    deadline = UpdateStrategy.model_validate(service.strategy).drain_deadline_s
+    for replica in step.live:
+        if replica.phase in (ReplicaPhase.DRAINING.value, ReplicaPhase.ENDED.value):
+            continue
+        await steps.drain(step.session, service, replica, step.now, deadline, reason="deleted",
+                          actor=step.actor)  # fmt: skip
+        step.done.append(f"replica {replica.id}: draining (deleted)")
+    if any(replica.phase != ReplicaPhase.ENDED.value for replica in step.live):
+        return
+    service.state = ServiceState.DELETED.value
+    service.updated_at = step.now
+    steps.record(step.session, service, "deleted", actor=step.actor)
+    step.done.append("deleted")
+
+
+# ------------------------------------------------------------------ autoscale
+
+
+async def _autoscale(step: Step) -> None:
+    """On the gateway's own measure: the invokes in flight or queued that the runtime
+    workers report per deployment, summed over the ready replicas. Up above the target
+    per replica, down only below half of it (hysteresis), never within the cooldown of
+    the last change (an operator's scale included), between min and max."""
+    service = step.service
+    if service.autoscale is None:
+        return
+    bounds = Autoscale.model_validate(service.autoscale)
+    cooldown = timedelta(seconds=bounds.cooldown_s)
+    if service.scaled_at is not None and step.now - service.scaled_at < cooldown:
+        return
+    ready = [
+        r.deployment_id
+        for r in step.live
+        if r.phase == ReplicaPhase.READY.value and r.deployment_id is not None
+    ]
+    if not ready:
+        return
+    depths = await step.session.execute(
+        select(Deployment.queue_depth).where(Deployment.id.in_(ready))
+    )
+    queued = sum(depth or 0 for depth in depths.scalars())
+    per = queued / len(ready)
+    target = bounds.target_queue_per_replica
+    current = service.replicas
+    wanted = current
+    if per > target:
+        wanted = max(current + 1, math.ceil(queued / target))
+    elif per < target / 2:
+        wanted = min(current - 1, math.ceil(queued / target))
+    wanted = max(bounds.min_replicas, min(bounds.max_replicas, wanted))
+    if wanted == current:
+        return
+    service.replicas = wanted
+    service.scaled_at = service.updated_at = step.now
+    reason = (
+        f"queue {queued} over {len(ready)} ready (per replica {per:.2f}, target {target:g},"
+        f" down below {target / 2:g}): {current} -> {wanted}"
+    )
+    steps.record(step.session, service, "autoscaled", actor=step.actor, reason=reason)
+    step.done.append(f"autoscaled {current} -> {wanted}")
+
+
+# ------------------------------------------------------------------ placing
+
+
+def _receipt(step: Step, receipt: PlacementReceipt) -> None:
+    """The decision on the service; an unplaceable one is an event only when its
+    message changed (a sweep every few seconds must not flood the stream)."""
+    service = step.service
+    last = service.last_receipt or {}
+    changed = last.get("message") != receipt.message or last.get("outcome") != receipt.outcome
+    if receipt.outcome == "placed" or changed:
+        service.last_receipt = receipt.model_dump(mode="json")
+    if receipt.outcome == "unplaceable" and changed:
+        steps.record(step.session, service, "unplaceable", actor=step.actor,
+                     event_type=EventType.SERVICE_UNPLACEABLE, reason=receipt.message,
+                     receipt=receipt)  # fmt: skip
+        step.done.append("unplaceable")
+
+
+async def _place(step: Step) -> None:
+    """New replicas of the current generation while fewer are counted than desired, at
+    most max_surge above it while outdated ones remain (a rollout), none while a
+    rollout is stopped; a bounded number of decisions per step."""
+    service = step.service
+    strategy = UpdateStrategy.model_validate(service.strategy)
+    desired = service.replicas
+    for _ in range(step.policy.max_placements_per_step):
+        if service.rollout_state == RolloutState.STOPPED.value:
+            return
+        counted = step.counted()
+        new = [r for r in counted if r.generation == service.generation]
+        old = [r for r in counted if r.generation != service.generation]
+        room = desired + (strategy.max_surge if old else 0)
+        if len(new) >= desired or len(new) + len(old) >= room:
+            return
+        receipt = await placement.decide(step.session, service, step.now)
+        _receipt(step, receipt)
+        if receipt.outcome != "placed":
+            return
+        replica = await steps.start(
+            step.session, service, receipt, step.now, step.policy, actor=step.actor
+        )
+        if replica is None:
+            return  # the device went to another service's replica just now
+        step.live.append(replica)
+        step.done.append(f"replica {replica.id}: placed on {replica.node_id} ({replica.phase})")
+        if replica.phase == ReplicaPhase.ENDED.value:
+            step.done.append(f"replica {replica.id}: {replica.failure_code}")
+            if old and service.rollout_state == RolloutState.PROGRESSING.value:
+                _stop_rollout(step, replica)
+
+
+# ------------------------------------------------------------------ draining the surplus
+
+
+def _drain_order(replicas: list[ServiceReplica]) -> list[ServiceReplica]:
+    """Not ready ones first (nothing served is lost), then the ready ones that became
+    ready last (one that came back after it was replaced), then the newest."""
+    return sorted(
+        replicas,
+        key=lambda r: (
+            r.phase == ReplicaPhase.READY.value,
+            -r.phase_changed_at.timestamp(),
+            -r.created_at.timestamp(),
+        ),
+    )
+
+
+async def _drain_surplus(step: Step) -> None:
+    """Counted replicas above the desired count drain: the current generation's surplus
+    (a scale-down, a lost one back), then the outdated ones (a rollout). A ready one
+    drains only while at least desired - max_unavailable stay ready, so a rollout's old
+    replica waits for a new one to be ready. Outdated replicas that no longer count
+    (unavailable past the grace) drain as well: nothing will bring them back into use."""
+    service = step.service
+    strategy = UpdateStrategy.model_validate(service.strategy)
+    desired = service.replicas
+    counted = step.counted()
+    new = [r for r in counted if r.generation == service.generation]
+    old = [r for r in counted if r.generation != service.generation]
+    ready = sum(1 for r in counted if r.phase == ReplicaPhase.READY.value)
+    floor = desired - strategy.max_unavailable
+    total = len(new) + len(old)
+
+    async def drain(replica: ServiceReplica, reason: str) -> None:
+        await steps.drain(step.session, service, replica, step.now, strategy.drain_deadline_s,
+                          reason=reason, actor=step.actor)  # fmt: skip
+        step.done.append(f"replica {replica.id}: draining ({reason})")
+
+    surplus_new = len(new) - desired
+    for replica in _drain_order(new):
+        if surplus_new <= 0:
+            break
+        if replica.phase == ReplicaPhase.READY.value:
+            if ready - 1 < floor:
+                continue
+            ready -= 1
+        await drain(replica, "surplus")
+        surplus_new -= 1
+        total -= 1
+    # Oldest generation first.
+    for replica in sorted(_drain_order(old), key=lambda r: r.generation):
+        if total <= desired:
+            break
+        if replica.phase == ReplicaPhase.READY.value:
+            if ready - 1 < floor:
+                continue
+            ready -= 1
+        await drain(replica, "replaced")
+        total -= 1
+    for replica in step.live:
+        if (
+            replica.generation != service.generation
+            and replica.phase == ReplicaPhase.UNAVAILABLE.value
+            and not step.counts(replica)
+        ):
+            await drain(replica, "replaced")
+
+
+def _complete_rollout(step: Step) -> None:
+    service = step.service
+    if service.rollout_state != RolloutState.PROGRESSING.value:
+        return
+    serving = [r for r in step.live if r.phase not in (ReplicaPhase.DRAINING.value,
+                                                       ReplicaPhase.ENDED.value)]  # fmt: skip
+    if any(r.generation != service.generation for r in serving):
+        return
+    ready = [r for r in serving if r.phase == ReplicaPhase.READY.value]
+    if len(ready) < service.replicas:
+        return
+    service.rollout_state = RolloutState.COMPLETE.value
+    service.rollout_reason = None
+    service.updated_at = step.now
+    steps.record(step.session, service, "rollout_complete", actor=step.actor)
+    step.done.append("rollout complete")

@@ -1,0 +1,360 @@
+"""The service reconciler (store/services/reconcile.py, workers/service_reconcile.py)
+against the real API and PostgreSQL, the test speaking for each node's agent and
+runtime worker over the protocol: replicas spread over nodes, acquired then loaded
+where the file is missing, moved with a backoff when a load fails, healed when a node
+goes offline and the surplus drained when it returns, scaled down and deleted by
+draining, rolled out one at a time (and stopped by a failed new replica), autoscaled
+with a cooldown, and several sweeps at once never placing more than desired."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from store.models import OutboxEvent
+from store.services.reconcile import reconcile_one
+from store.services.tables import ServiceReplica
+from tests.api_server import ApiFactory, RunningApi
+from tests.deployment_flows import RECONCILE_POLICY
+from tests.flows import THRESHOLDS
+from tests.runtime_flows import create_profile
+from tests.service_flows import (
+    POLICY,
+    ServiceNode,
+    change,
+    create_service,
+    liveness,
+    phases,
+    replicas,
+    service_node,
+    service_row,
+    step,
+)
+from workers.deployments import reconcile as reconcile_deployments
+
+
+@pytest.fixture
+def service_api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        job_retry_base_s=0.1,
+    )
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
+    """Run `check` until it answers something truthy, or fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not reached in {timeout_s} s: {what}")
+
+
+def nodes_of(rows: list[ServiceReplica]) -> set[uuid.UUID]:
+    return {row.node_id for row in rows}
+
+
+async def events(sessions: async_sessionmaker[AsyncSession], action: str) -> list[dict[str, Any]]:
+    """The outbox's events of one type (e.g. service.changed), oldest first."""
+    async with sessions() as session:
+        rows = await session.execute(
+            select(OutboxEvent.envelope)
+            .where(OutboxEvent.envelope["action"].astext == action)
+            .order_by(OutboxEvent.position)
+        )
+        return [dict(row) for row in rows.scalars()]
+
+
+async def load_all(
+    sessions: async_sessionmaker[AsyncSession], api: RunningApi, nodes: list[ServiceNode]
+) -> None:
+    """Each node claims and completes the load the reconciler queued on it."""
+
+    def load() -> None:
+        with api.client() as client:
+            for node in nodes:
+                node.load(client)
+
+    await asyncio.to_thread(load)
+
+
+async def test_replicas_spread_over_nodes_and_become_ready(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+    done = await step(sessions)
+    placed = await replicas(sessions, service_id)
+    assert len(placed) == 2 and phases(placed) == ["loading", "loading"], done
+    # Spread: one replica per node (max_per_node 1), each on a distinct device.
+    assert len(nodes_of(placed)) == 2
+    receipt = (await service_row(sessions, service_id)).last_receipt
+    assert receipt is not None and receipt["outcome"] == "placed" and receipt["holds_artifact"]
+    chosen = [node for node in nodes if node.node_id in nodes_of(placed)]
+    await load_all(sessions, api, chosen)
+    await step(sessions)
+    ready = await replicas(sessions, service_id)
+    assert phases(ready) == ["ready", "ready"]
+    # Nothing more to do: a further sweep places nothing and changes nothing.
+    assert await step(sessions) == {}
+    assert len(await replicas(sessions, service_id)) == 2
+
+
+def on(nodes: list[ServiceNode], node_id: uuid.UUID) -> ServiceNode:
+    [found] = [node for node in nodes if node.node_id == node_id]
+    return found
+
+
+async def in_thread(api: RunningApi, act: Callable[[Any], Any]) -> Any:
+    """Run a node's protocol step (over a fresh client) off the event loop."""
+
+    def run() -> Any:
+        with api.client() as client:
+            return act(client)
+
+    return await asyncio.to_thread(run)
+
+
+async def test_a_node_lacking_the_file_acquires_it_then_loads(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        node = service_node(client, api, "bare-host", holds=False)
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [replica] = await replicas(sessions, service_id)
+    assert replica.phase == "acquiring" and replica.artifact_job_id is not None
+    assert replica.deployment_id is None and replica.receipt is not None
+    assert replica.receipt["holds_artifact"] is False
+    # Nothing moves before the job does.
+    await step(sessions)
+    assert (await replicas(sessions, service_id))[0].phase == "acquiring"
+    await in_thread(api, node.acquire)
+    await step(sessions)
+    [replica] = await replicas(sessions, service_id)
+    assert replica.phase == "loading" and replica.deployment_id is not None
+    await in_thread(api, node.load)
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["ready"]
+    changed = await events(sessions, "service.replica_changed")
+    assert [e["data"]["action"] for e in changed] == ["acquiring", "loading", "ready"]
+
+
+async def test_a_failed_acquisition_moves_the_replica_with_a_backoff(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        bare = service_node(client, api, "bare-host", holds=False)
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [replica] = await replicas(sessions, service_id)
+    assert replica.phase == "acquiring"
+    await in_thread(api, bare.fail_acquire)
+    # The only node is backed off: nothing placed, the receipt says why, once.
+    for _ in range(3):
+        await step(sessions)
+    assert await replicas(sessions, service_id) == []
+    [ended] = await replicas(sessions, service_id, ended=True)
+    assert ended.ended_reason == "failed" and ended.failure_code == "checksum_mismatch"
+    service = await service_row(sessions, service_id)
+    assert service.backoff[str(bare.node_id)]["failures"] == 1
+    assert service.last_receipt is not None and service.last_receipt["outcome"] == "unplaceable"
+    assert "1 backoff" in service.last_receipt["message"]
+    unplaceable = await events(sessions, "service.unplaceable")
+    assert len(unplaceable) == 1 and unplaceable[0]["data"]["receipt"]["rejected"] == {"backoff": 1}
+
+
+async def test_a_failed_load_moves_the_replica_elsewhere_with_a_backoff(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [first] = await replicas(sessions, service_id)
+    failing = on(nodes, first.node_id)
+    await in_thread(api, failing.fail_load)
+    # One step: the failed replica ends, its node is backed off, a replacement goes to
+    # the other node.
+    await step(sessions)
+    [second] = await replicas(sessions, service_id)
+    assert second.node_id != first.node_id and second.phase == "loading"
+    ended = [r for r in await replicas(sessions, service_id, ended=True) if r.id == first.id]
+    assert ended[0].phase == "ended" and ended[0].ended_reason == "failed"
+    assert ended[0].failure_code == "out_of_memory"
+    service = await service_row(sessions, service_id)
+    entry = service.backoff[str(first.node_id)]
+    assert entry["failures"] == 1
+    await in_thread(api, on(nodes, second.node_id).load)
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["ready"]
+
+
+async def sweep_keeping_alive(
+    sessions: async_sessionmaker[AsyncSession], api: RunningApi, alive: list[ServiceNode]
+) -> dict[str, list[str]]:
+    """The live nodes beat; then the liveness sweep, the deployment and service
+    reconcilers run once."""
+
+    def beat_all(client: Any) -> None:
+        for node in alive:
+            node.beat(client)
+
+    await in_thread(api, beat_all)
+    await liveness(sessions)
+    return await step(sessions)
+
+
+async def test_a_lost_replica_is_replaced_and_drained_when_its_node_returns(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [lost] = await replicas(sessions, service_id)
+    lost_node = on(nodes, lost.node_id)
+    other = next(node for node in nodes if node is not lost_node)
+    await in_thread(api, lost_node.load)
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["ready"]
+
+    # The node goes silent: offline, its deployment unavailable, then (past the heal
+    # grace) a replacement on the other node.
+    async def replaced() -> list[ServiceReplica]:
+        await sweep_keeping_alive(sessions, api, [other])
+        rows = await replicas(sessions, service_id)
+        return rows if len(rows) == 2 else []
+
+    rows = await until(replaced, "a replacement placed")
+    by_id = {row.id: row for row in rows}
+    assert by_id[lost.id].phase == "unavailable"
+    [replacement] = [row for row in rows if row.id != lost.id]
+    assert replacement.node_id == other.node_id
+    await in_thread(api, other.load)
+    await sweep_keeping_alive(sessions, api, [other])
+
+    # The node returns and reports its deployment loaded: ready again, a surplus now,
+    # drained (never cut), then ended once the node unloaded it.
+    await in_thread(api, lost_node.beat)
+    await in_thread(api, lost_node.report)
+
+    async def drained() -> bool:
+        await sweep_keeping_alive(sessions, api, nodes)
+        rows = {row.id: row for row in await replicas(sessions, service_id)}
+        return lost.id in rows and rows[lost.id].phase == "draining"
+
+    await until(drained, "the returning replica draining")
+    assert (await replicas(sessions, service_id))[-1].phase == "ready"
+    await in_thread(api, lost_node.drain)
+    await sweep_keeping_alive(sessions, api, nodes)
+    [kept] = await replicas(sessions, service_id)
+    assert kept.id == replacement.id and kept.phase == "ready"
+    ended = [r for r in await replicas(sessions, service_id, ended=True) if r.id == lost.id]
+    assert ended[0].phase == "ended" and ended[0].ended_reason == "surplus"
+
+
+async def test_no_healing_while_the_partition_breaker_holds(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [lost] = await replicas(sessions, service_id)
+    lost_node = on(nodes, lost.node_id)
+    other = next(node for node in nodes if node is not lost_node)
+    await in_thread(api, lost_node.load)
+    await step(sessions)
+
+    async def unavailable() -> bool:
+        await in_thread(api, other.beat)
+        await liveness(sessions)
+        await reconcile_deployments(sessions, RECONCILE_POLICY)
+        async with sessions() as session, session.begin():
+            await reconcile_one(session, service_id, POLICY, hold=True, actor="test")
+        rows = await replicas(sessions, service_id)
+        return rows[0].phase == "unavailable"
+
+    await until(unavailable, "the replica unavailable")
+    await asyncio.sleep(POLICY.heal_grace_s + 0.2)  # past the grace on purpose
+    async with sessions() as session, session.begin():
+        await reconcile_one(session, service_id, POLICY, hold=True, actor="test")
+    assert [row.id for row in await replicas(sessions, service_id)] == [lost.id]
+
+
+async def test_scale_down_drains_the_surplus(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+    await step(sessions)
+    await load_all(sessions, api, nodes)
+    await step(sessions)
+    before = await replicas(sessions, service_id)
+    assert phases(before) == ["ready", "ready"]
+    await change(sessions, service_id, replicas=1)
+    await step(sessions)
+    rows = await replicas(sessions, service_id)
+    assert phases(rows) == ["draining", "ready"]
+    [draining] = [row for row in rows if row.phase == "draining"]
+    assert draining.ended_reason == "surplus"
+    # Another sweep drains nothing more: the one left is what is desired.
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["draining", "ready"]
+    drained = await in_thread(api, on(nodes, draining.node_id).drain)
+    assert drained == str(draining.deployment_id)
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["ready"]
+
+
+async def test_delete_drains_every_replica_then_the_service_is_deleted(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+    await step(sessions)
+    await load_all(sessions, api, nodes)
+    await step(sessions)
+    await change(sessions, service_id, state="deleting")
+    await step(sessions)
+    assert phases(await replicas(sessions, service_id)) == ["draining", "draining"]
+    assert (await service_row(sessions, service_id)).state == "deleting"
+    for node in nodes:
+        await in_thread(api, node.drain)
+    await step(sessions)
+    assert await replicas(sessions, service_id) == []
+    assert (await service_row(sessions, service_id)).state == "deleted"
+    actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
+    assert actions == ["deleted"]
+    # A deleted service is not swept again.
+    assert await step(sessions) == {}

@@ -1,0 +1,57 @@
+"""The service reconciler: one periodic entry (workers/main.py: schedule). It pages over
+every service not deleted and moves each one step (store/services/reconcile.py:
+reconcile_one): follow its replicas, place, heal, scale, roll out, delete.
+
+One short transaction per service, its row locked with SKIP LOCKED, so any number of
+workers may sweep at once (none places a replica another is placing: the one that holds
+the row moves the service, the others pass it by) and one that dies mid-sweep loses
+nothing. A step that fails (a deadlock between two services' steps over two nodes, a
+refusal no rule foresaw) is rolled back alone and tried again on the next sweep.
+While the partition breaker holds, nothing is healed (store/fleet.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from schemas.events import worker_actor
+from store.fleet import partition_hold_active
+from store.services import reconcile as service_reconcile
+from store.services.reconcile import ServicePolicy
+
+logger = logging.getLogger("modelforge.workers.services")
+
+ACTOR = worker_actor("services")
+PAGE = 200
+
+
+async def reconcile(
+    sessions: async_sessionmaker[AsyncSession], policy: ServicePolicy
+) -> dict[str, list[str]]:
+    """One sweep over every service not deleted; what each step did, by service id."""
+    async with sessions() as session, session.begin():
+        hold = await partition_hold_active(session)
+    done: dict[str, list[str]] = {}
+    after = None
+    while True:
+        async with sessions() as session, session.begin():
+            page = await service_reconcile.due(session, limit=PAGE, after=after)
+        for service_id in page:
+            try:
+                async with sessions() as session, session.begin():
+                    actions = await service_reconcile.reconcile_one(
+                        session, service_id, policy, hold=hold, actor=ACTOR
+                    )
+            except DBAPIError as error:
+                logger.warning("service %s: step rolled back (%s)", service_id, error.orig)
+                continue
+            if actions:
+                done[str(service_id)] = actions
+                for action in actions:
+                    logger.info("service %s: %s", service_id, action)
+        if len(page) < PAGE:
+            return done
+        after = page[-1]
