@@ -135,8 +135,8 @@ def test_refusals_are_typed(services_api: RunningApi, api_factory: ApiFactory) -
             client.get(f"{SERVICES}/{ghost}/rollout", headers=api.admin_headers), 404, "not_found"
         )
         refused(client.delete(f"{SERVICES}/{ghost}", headers=api.admin_headers), 404, "not_found")
-        refused(create(client, api, {**body, "profile_id": ghost}), 422, "profile_unknown")
-        refused(create(client, api, {**body, "environment_id": ghost}), 422, "environment_unknown")
+        refused(create(client, api, {**body, "profile_id": ghost}), 404, "profile_unknown")
+        refused(create(client, api, {**body, "environment_id": ghost}), 404, "environment_unknown")
         for broken in (
             {**body, "replicas": -1},
             {**body, "name": ""},
@@ -219,7 +219,7 @@ def test_scale_rollout_undo_and_delete_each_one_event(services_api: RunningApi) 
         refused(act(client, api, service_id, "rollout"), 422, "validation_failed")
         refused(
             act(client, api, service_id, "rollout", profile_id=str(uuid.uuid4())),
-            422,
+            404,
             "profile_unknown",
         )
         # A replica of the new generation, loading.

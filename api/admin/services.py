@@ -57,7 +57,8 @@ async def create_service(
     body: ServiceCreate, session: AdminTransaction, state: State
 ) -> ServiceDetail:
     """Declare a service: its artifact's revision is resolved once to an exact commit
-    (422 when the source has no such repository, revision or file), the profile admitted
+    (422 when the source has no such repository, revision or file), the profile known
+    (404 profile_unknown, as an unknown environment) and admitted by the allow-list
     (422), the name free among services not deleted (409). The reconciler places its
     replicas; the answer has none yet."""
     async with state.sessions() as read:

@@ -57,7 +57,7 @@ from schemas.services import (
     UpdateStrategy,
 )
 from store import changes, nodes, runtime
-from store.errors import Conflict, Invalid, Missing
+from store.errors import Conflict, Missing
 from store.runtime_tables import RuntimeEnvironment, RuntimeProfile
 from store.services.tables import Service, ServiceReplica
 
@@ -74,18 +74,21 @@ _RUNS: Final = ("artifact", "profile_id", "profile_version", "environment_id", "
 async def admitted_profile(
     session: AsyncSession, profile_id: uuid.UUID
 ) -> tuple[RuntimeProfile, LlamaSettings]:
-    """The profile and its settings under today's allow-list: 422 profile_unknown, or
+    """The profile and its settings under today's allow-list: 404 profile_unknown (the
+    request names it by id, as a path names an object: the OpenAPI contract's fuzzing
+    takes a schema-valid id for valid, so a missing one is not the body's fault), or 422
     server_flag_refused naming the flags (as a probe or a deployment is refused)."""
     profile = await session.get(RuntimeProfile, profile_id)
     if profile is None:
-        raise Invalid("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
+        raise Missing("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
     return profile, runtime._admitted(profile)
 
 
 async def check_environment(session: AsyncSession, environment_id: uuid.UUID | None) -> None:
-    """None: the environment each node's runtime worker reports. 422 for an unknown one."""
+    """None: the environment each node's runtime worker reports. 404 environment_unknown
+    for an unknown one (as an unknown profile)."""
     if environment_id is not None and await session.get(RuntimeEnvironment, environment_id) is None:
-        raise Invalid("no such runtime environment", code=ErrorCode.ENVIRONMENT_UNKNOWN)
+        raise Missing("no such runtime environment", code=ErrorCode.ENVIRONMENT_UNKNOWN)
 
 
 async def check_name_free(session: AsyncSession, name: str) -> None:
