@@ -8,6 +8,7 @@ with one event that reaches the audit log."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -119,7 +120,9 @@ def test_an_unreadable_header_falls_back_to_the_file_size(services_api: RunningA
     assert service["template"]["artifact"]["sha256"] is None
 
 
-def test_refusals_are_typed(services_api: RunningApi, api_factory: ApiFactory) -> None:
+def test_refusals_are_typed(
+    services_api: RunningApi, api_factory: ApiFactory, hub: HubServer
+) -> None:
     api = services_api
     ghost = str(uuid.uuid4())
     with api.client() as client:
@@ -154,6 +157,26 @@ def test_refusals_are_typed(services_api: RunningApi, api_factory: ApiFactory) -
         # A path with a glob's characters names that one file, never a pattern.
         starred = {**body, "artifact": {**body["artifact"], "path": "*.gguf"}}
         refused(create(client, api, starred), 422, "manifest_unresolved")
+        # A profile stored before its flags were refused (behind the API's back, as an
+        # earlier version would have stored it) is refused before the source is asked.
+        old = create_profile(client, api, name="old")
+        hostile = json.dumps({"server_args": {"agent": True, "tools": "all"}})
+        db_value(
+            api,
+            "UPDATE runtime_profiles SET settings = $1::jsonb WHERE id = $2 RETURNING id",
+            hostile,
+            uuid.UUID(old["id"]),
+        )
+        asked = len(hub.state.requests)
+        flagged = refused(
+            create(client, api, {**body, "profile_id": old["id"]}), 422, "server_flag_refused"
+        )
+        assert sorted(flagged["extra"]["flags"]) == ["agent", "tools"]
+        assert len(hub.state.requests) == asked
+        # A source that answers what we do not read: 502, as for an artifact job.
+        hub.state.raw_answers[f"/api/models/{REPO}/revision/garbled"] = b"[1, 2"
+        garbled = {**body, "artifact": {**body["artifact"], "revision": "garbled"}}
+        refused(create(client, api, garbled), 502, "source_invalid")
         assert ok(client.get(SERVICES, headers=api.admin_headers))["items"] == []
     offline = api_factory()  # its source is a closed port
     with offline.client() as client:
