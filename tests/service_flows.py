@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import httpx
@@ -19,13 +18,13 @@ from schemas.services import (
     Autoscale,
     Placement,
     ResolvedArtifact,
-    RolloutState,
-    ServiceState,
+    ServiceArtifact,
+    ServiceCreate,
     ServiceTemplate,
     UpdateStrategy,
 )
-from store import nodes
 from store.liveness_sweep import sweep
+from store.services import rules
 from store.services.reconcile import ServicePolicy
 from store.services.tables import Service, ServiceReplica
 from tests.api_server import RunningApi
@@ -52,6 +51,7 @@ from tests.runtime_flows import ARTIFACT_SHA256, GGUF, acquire, report_runtime
 from workers.deployments import reconcile as reconcile_deployments
 from workers.service_reconcile import reconcile as reconcile_services
 
+ACTOR = "operator"
 # The reconciler as the tests run it: a short heal grace, quick backoff.
 POLICY = ServicePolicy(heal_grace_s=1.0, max_placements_per_step=8, backoff_base_s=30.0)
 
@@ -177,66 +177,58 @@ async def create_service(
     placement: Placement | None = None,
     strategy: UpdateStrategy | None = None,
 ) -> uuid.UUID:
-    """An active service row at generation 1 (as store/services/rules.py: create leaves
-    it), no replica yet."""
+    """A service declared through the rules (store/services/rules.py: create, as the
+    admin route does once it resolved the artifact): active at generation 1, no replica
+    yet."""
+    request = ServiceCreate(
+        name=name,
+        roles=["planner"],
+        artifact=ServiceArtifact(repository=ARTIFACT.repository, path=ARTIFACT.path),
+        profile_id=uuid.UUID(profile_id),
+        replicas=replicas,
+        autoscale=autoscale,
+        placement=placement or Placement(),
+        strategy=strategy or UpdateStrategy(),
+    )
     async with sessions() as session, session.begin():
-        now = await _now(session)
-        service = Service(
-            id=uuid.uuid4(),
-            name=name,
-            roles=["planner"],
-            state=ServiceState.ACTIVE.value,
-            template=template(profile_id).model_dump(mode="json"),
-            previous_template=None,
-            previous_generation=None,
-            generation=1,
-            replicas=replicas,
-            autoscale=autoscale.model_dump(mode="json") if autoscale else None,
-            placement=(placement or Placement()).model_dump(mode="json"),
-            strategy=(strategy or UpdateStrategy()).model_dump(mode="json"),
-            rollout_state=RolloutState.COMPLETE.value,
-            rollout_reason=None,
-            rollout_started_at=None,
-            last_receipt=None,
-            backoff={},
-            scaled_at=None,
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(service)
+        service = await rules.create(session, request, ARTIFACT, None, actor=ACTOR)
     return service.id
 
 
-async def _now(session: AsyncSession) -> datetime:
-    return await nodes.now(session)
-
-
-async def change(
-    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, **values: Any
+async def scale(
+    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, replicas: int
 ) -> None:
-    """Set columns of the service row (a scale, a delete), as the rules would."""
     async with sessions() as session, session.begin():
-        service = await session.get(Service, service_id, with_for_update=True)
-        assert service is not None
-        for key, value in values.items():
-            setattr(service, key, value)
+        await rules.scale(session, service_id, replicas, actor=ACTOR)
+
+
+async def delete(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
+    async with sessions() as session, session.begin():
+        await rules.delete(session, service_id, actor=ACTOR)
 
 
 async def roll_out(
     sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, new: ServiceTemplate
 ) -> None:
-    """A new template as store/services/rules.py: rollout sets it: the previous one
-    kept, the generation moved, the rollout progressing."""
+    """A new template through the rules: the generation moves, the rollout progresses."""
+    async with sessions() as session, session.begin():
+        await rules.rollout(session, service_id, new, actor=ACTOR)
+
+
+async def undo(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
+    async with sessions() as session, session.begin():
+        await rules.undo(session, service_id, actor=ACTOR)
+
+
+async def change(
+    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, **values: Any
+) -> None:
+    """Set columns of the service row directly (what no rule sets: a cooldown's start)."""
     async with sessions() as session, session.begin():
         service = await session.get(Service, service_id, with_for_update=True)
         assert service is not None
-        service.previous_template = service.template
-        service.previous_generation = service.generation
-        service.template = new.model_dump(mode="json")
-        service.generation += 1
-        service.rollout_state = RolloutState.PROGRESSING.value
-        service.rollout_reason = "rollout"
-        service.rollout_started_at = await _now(session)
+        for key, value in values.items():
+            setattr(service, key, value)
 
 
 async def service_row(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> Service:

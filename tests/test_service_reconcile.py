@@ -12,12 +12,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.services import Autoscale
 from store.models import OutboxEvent
 from store.services.reconcile import reconcile_one
 from store.services.tables import ServiceReplica
@@ -30,14 +32,20 @@ from tests.service_flows import (
     ServiceNode,
     change,
     create_service,
+    delete,
     liveness,
     phases,
     replicas,
+    roll_out,
+    scale,
     service_node,
     service_row,
     step,
+    template,
+    undo,
 )
 from workers.deployments import reconcile as reconcile_deployments
+from workers.service_reconcile import reconcile as reconcile_services
 
 
 @pytest.fixture
@@ -319,7 +327,7 @@ async def test_scale_down_drains_the_surplus(
     await step(sessions)
     before = await replicas(sessions, service_id)
     assert phases(before) == ["ready", "ready"]
-    await change(sessions, service_id, replicas=1)
+    await scale(sessions, service_id, 1)
     await step(sessions)
     rows = await replicas(sessions, service_id)
     assert phases(rows) == ["draining", "ready"]
@@ -345,7 +353,7 @@ async def test_delete_drains_every_replica_then_the_service_is_deleted(
     await step(sessions)
     await load_all(sessions, api, nodes)
     await step(sessions)
-    await change(sessions, service_id, state="deleting")
+    await delete(sessions, service_id)
     await step(sessions)
     assert phases(await replicas(sessions, service_id)) == ["draining", "draining"]
     assert (await service_row(sessions, service_id)).state == "deleting"
@@ -355,6 +363,198 @@ async def test_delete_drains_every_replica_then_the_service_is_deleted(
     assert await replicas(sessions, service_id) == []
     assert (await service_row(sessions, service_id)).state == "deleted"
     actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
-    assert actions == ["deleted"]
+    assert actions == ["deleting", "deleted"]
     # A deleted service is not swept again.
     assert await step(sessions) == {}
+
+
+def ready_count(rows: list[ServiceReplica]) -> int:
+    return sum(1 for row in rows if row.phase == "ready")
+
+
+async def test_a_rollout_replaces_one_replica_at_a_time(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+        other = create_profile(client, api, name="roomier", ctx_size=1024)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+    await step(sessions)
+    old = await replicas(sessions, service_id)
+    await load_all(sessions, api, [on(nodes, row.node_id) for row in old])
+    await step(sessions)
+    await roll_out(sessions, service_id, template(other["id"]))
+    rounds = 0
+    while (await service_row(sessions, service_id)).rollout_state == "progressing":
+        rounds += 1
+        assert rounds <= 6, "the rollout did not finish"
+        await step(sessions)
+        rows = await replicas(sessions, service_id)
+        # Never fewer than desired ready (max_unavailable 0), never more than one
+        # extra (max_surge 1) counting what does not drain.
+        assert ready_count(rows) >= 2, phases(rows)
+        assert sum(1 for row in rows if row.phase != "draining") <= 3, phases(rows)
+        for row in rows:
+            node = on(nodes, row.node_id)
+            if row.phase == "loading" and row.generation == 2:
+                await in_thread(api, node.load)
+            elif row.phase == "draining":
+                await in_thread(api, node.drain)
+        await step(sessions)
+        rows = await replicas(sessions, service_id)
+        assert ready_count(rows) >= 2, phases(rows)
+    # Complete once every counted replica is current and ready; the last old one may
+    # still be draining its streams.
+    for row in await replicas(sessions, service_id):
+        if row.phase == "draining":
+            await in_thread(api, on(nodes, row.node_id).drain)
+    await step(sessions)
+    rows = await replicas(sessions, service_id)
+    assert phases(rows) == ["ready", "ready"] and {row.generation for row in rows} == {2}
+    ended = [
+        row for row in await replicas(sessions, service_id, ended=True) if row.phase == "ended"
+    ]
+    assert sorted(row.id for row in ended) == sorted(row.id for row in old)
+    assert all(row.ended_reason == "replaced" for row in ended)
+    actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
+    assert actions == ["rollout", "rollout_complete"]
+
+
+async def test_a_failed_new_replica_stops_the_rollout_and_the_old_one_keeps_serving(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+        other = create_profile(client, api, name="broken")
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [old] = await replicas(sessions, service_id)
+    await in_thread(api, on(nodes, old.node_id).load)
+    await step(sessions)
+    await roll_out(sessions, service_id, template(other["id"]))
+    await step(sessions)
+    [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
+    await in_thread(api, on(nodes, new.node_id).fail_load)
+    await step(sessions)
+    service = await service_row(sessions, service_id)
+    assert service.rollout_state == "stopped"
+    assert service.rollout_reason is not None and "out_of_memory" in service.rollout_reason
+    # The old replica keeps serving, and no new one is placed while stopped.
+    for _ in range(2):
+        await step(sessions)
+    [kept] = await replicas(sessions, service_id)
+    assert kept.id == old.id and kept.phase == "ready"
+    actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
+    assert actions == ["rollout", "rollout_stopped"]
+    # An undo relabels the old replica as the current generation: complete at once.
+    await undo(sessions, service_id)
+    await step(sessions)
+    assert (await service_row(sessions, service_id)).rollout_state == "complete"
+    assert [row.id for row in await replicas(sessions, service_id)] == [old.id]
+
+
+async def test_an_unplaceable_replica_is_one_event_until_the_reason_changes(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        service_node(client, api, "host-0")
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+    for _ in range(4):
+        await step(sessions)
+    assert len(await replicas(sessions, service_id)) == 1
+    [event] = await events(sessions, "service.unplaceable")
+    receipt = event["data"]["receipt"]
+    assert receipt["outcome"] == "unplaceable" and receipt["rejected"] == {"device_busy": 1}
+    assert event["data"]["reason"] == receipt["message"]
+    assert (await service_row(sessions, service_id)).last_receipt == receipt
+    # Another node: placed; the receipt moves on.
+    with api.client() as client:
+        service_node(client, api, "host-1")
+    await step(sessions)
+    assert len(await replicas(sessions, service_id)) == 2
+    last = (await service_row(sessions, service_id)).last_receipt
+    assert last is not None and last["outcome"] == "placed"
+
+
+async def test_autoscale_on_queue_depth_with_hysteresis_and_cooldown(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+    bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
+                       cooldown_s=3600)  # fmt: skip
+    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    await step(sessions)
+    [first] = await replicas(sessions, service_id)
+    busy = on(nodes, first.node_id)
+    deployment_id = await in_thread(api, busy.load)
+    await step(sessions)
+
+    async def queue(depth: int) -> None:
+        busy.loaded[deployment_id] = depth
+        await in_thread(api, busy.report)
+
+    # 5 in flight on one ready replica, target 2: up to ceil(5 / 2) = 3.
+    await queue(5)
+    await step(sessions)
+    service = await service_row(sessions, service_id)
+    assert service.replicas == 3 and service.scaled_at is not None
+    [scaled] = await events(sessions, "service.changed")
+    assert scaled["data"]["action"] == "autoscaled" and "queue 5" in scaled["data"]["reason"]
+    assert len(await replicas(sessions, service_id)) == 3
+    # Idle now, but within the cooldown: no change.
+    await queue(0)
+    await step(sessions)
+    assert (await service_row(sessions, service_id)).replicas == 3
+    # Past the cooldown, 1 in flight per ready replica: above half the target
+    # (hysteresis), so no change either.
+    await change(sessions, service_id, scaled_at=service.scaled_at - timedelta(hours=2))
+    await queue(1)
+    await step(sessions)
+    assert (await service_row(sessions, service_id)).replicas == 3
+    # Idle: down to the minimum, the surplus drained.
+    await queue(0)
+    await step(sessions)
+    assert (await service_row(sessions, service_id)).replicas == 1
+    rows = await replicas(sessions, service_id)
+    assert phases(rows).count("draining") == 2 and ready_count(rows) == 1
+    actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
+    assert actions == ["autoscaled", "autoscaled"]
+
+
+async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_device(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        for i in range(5):
+            service_node(client, api, f"host-{i}")
+        profile = create_profile(client, api)
+    first = await create_service(sessions, profile["id"], name="first", replicas=3)
+    second = await create_service(sessions, profile["id"], name="second", replicas=3)
+    # Eight workers sweep at once, twice over: the two services want six devices and
+    # five exist.
+    for _ in range(2):
+        done = await asyncio.gather(*(reconcile_services(sessions, POLICY) for _ in range(8)))
+        assert any(done)
+    rows = await replicas(sessions, first) + await replicas(sessions, second)
+    assert len(rows) == 5
+    assert len({(row.node_id, row.device_id) for row in rows}) == 5
+    assert len(await replicas(sessions, first)) <= 3
+    assert len(await replicas(sessions, second)) <= 3
+    async with sessions() as session:
+        placed = await session.execute(
+            select(func.count())
+            .select_from(OutboxEvent)
+            .where(OutboxEvent.envelope["action"].astext == "service.replica_changed")
+        )
+    # Every placement is one event: none was made and then thrown away twice over.
+    assert placed.scalar_one() == 5
