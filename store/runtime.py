@@ -172,7 +172,7 @@ async def _artifact_file(
     )
 
 
-def _admitted(profile: RuntimeProfile) -> LlamaSettings:
+def admitted(profile: RuntimeProfile) -> LlamaSettings:
     """The profile's settings under today's allow-list: a profile stored before one of
     its flags was refused is refused for new probes (422, naming the flags)."""
     try:
@@ -238,7 +238,7 @@ async def resolve_run(
             "the node's runtime worker does not report that environment's binary",
             code=ErrorCode.ENVIRONMENT_NOT_ON_NODE,
         )
-    settings = _admitted(profile)
+    settings = admitted(profile)
     draft = settings.draft_model
     return ResolvedRun(
         profile=profile,

@@ -81,7 +81,7 @@ async def admitted_profile(
     profile = await session.get(RuntimeProfile, profile_id)
     if profile is None:
         raise Missing("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
-    return profile, runtime._admitted(profile)
+    return profile, runtime.admitted(profile)
 
 
 async def check_environment(session: AsyncSession, environment_id: uuid.UUID | None) -> None:
