@@ -44,6 +44,7 @@ from tests.service_flows import (
     template,
     undo,
 )
+from tests.worker_processes import Workers
 from workers.deployments import reconcile as reconcile_deployments
 from workers.service_reconcile import reconcile as reconcile_services
 
@@ -558,3 +559,33 @@ async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_devi
         )
     # Every placement is one event: none was made and then thrown away twice over.
     assert placed.scalar_one() == 5
+
+
+async def test_worker_processes_run_the_service_sweep(
+    api_factory: ApiFactory, workers: Workers, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The periodic actor (workers/actors.py: service_reconcile) in two real worker
+    processes at once: the service gets its replicas, exactly as many as desired."""
+    workers.env["MODELFORGE_SERVICE_SWEEP_PERIOD_S"] = "0.3"
+    api = workers.api(api_factory)
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+    workers.start(2)
+    service_id = await create_service(sessions, profile["id"], replicas=2)
+
+    def beat_all(client: Any) -> None:
+        for node in nodes:
+            node.beat(client)
+
+    async def placed() -> list[ServiceReplica]:
+        await in_thread(api, beat_all)  # the nodes stay online on the workers' thresholds
+        rows = await replicas(sessions, service_id)
+        return rows if len(rows) == 2 else []
+
+    rows = await until(placed, "two replicas placed by the workers", timeout_s=60)
+    assert len(nodes_of(rows)) == 2
+    # Later sweeps of both workers leave it there.
+    await in_thread(api, beat_all)
+    await asyncio.sleep(1.0)  # a window for what must not happen, not a wait
+    assert len(await replicas(sessions, service_id, ended=True)) == 2

@@ -16,16 +16,19 @@ from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from store.liveness_sweep import sweep
+from store.services.replicas import ServicePolicy
 from workers.database import Database
 from workers.deployments import reconcile
 from workers.leases import expire
 from workers.outbox_retention import prune_outbox
+from workers.service_reconcile import reconcile as reconcile_services
 
 logger = logging.getLogger("modelforge.workers")
 
 LIVENESS_QUEUE = "liveness"
 LEASES_QUEUE = "leases"
 DEPLOYMENTS_QUEUE = "deployments"
+SERVICES_QUEUE = "services"
 MAINTENANCE_QUEUE = "maintenance"
 
 
@@ -35,6 +38,7 @@ class Actors:
     lease_expiry: dramatiq.Actor[Any, Any]
     deployment_reconcile: dramatiq.Actor[Any, Any]
     outbox_prune: dramatiq.Actor[Any, Any]
+    service_reconcile: dramatiq.Actor[Any, Any]
 
 
 def _period(name: str, bucket: object) -> int:
@@ -82,6 +86,7 @@ def declare_actors(
     leases: LeasePolicy,
     deployments: ReconcilePolicy,
     outbox_retention_s: float,
+    services: ServicePolicy,
 ) -> Actors:
     async def liveness() -> None:
         """Record every due liveness transition."""
@@ -106,6 +111,11 @@ def declare_actors(
         workers' reports and channels, the jobs, node liveness)."""
         await reconcile(database.get().sessions, reconcile_policy)
 
+    async def service_reconcile() -> None:
+        """Move every service one step: follow its replicas, place, heal, scale, roll
+        out, delete (store/services/reconcile.py)."""
+        await reconcile_services(database.get().sessions, services)
+
     async def outbox_prune() -> None:
         """Delete the published events past the retention period."""
         await prune_outbox(database.get().sessions, outbox_retention_s)
@@ -120,4 +130,5 @@ def declare_actors(
         outbox_prune=_periodic(
             broker, "outbox_prune", MAINTENANCE_QUEUE, outbox_prune, time_limit_ms=300_000
         ),
+        service_reconcile=_periodic(broker, "service_reconcile", SERVICES_QUEUE, service_reconcile),
     )

@@ -111,6 +111,7 @@ def _assemble(
         settings.lease_policy(),
         settings.reconcile_policy(),
         settings.outbox_retention_s,
+        settings.service_policy(),
     )
 
 
@@ -156,6 +157,7 @@ def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
         Periodic(actors.lease_expiry, settings.lease_sweep_period_s),
         Periodic(actors.deployment_reconcile, settings.deployment_sweep_period_s),
         Periodic(actors.outbox_prune, settings.outbox_prune_period_s),
+        Periodic(actors.service_reconcile, settings.service_sweep_period_s),
     ]
 
 

@@ -7,6 +7,7 @@ from pydantic_settings import SettingsConfigDict
 
 from broker.jetstream.settings import ReplicationSettings
 from broker.streams import StreamSpec, events_stream
+from store.services.replicas import ServicePolicy
 from store.settings import LeaseSettings
 
 
@@ -63,6 +64,14 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     lease_sweep_period_s: float = Field(default=1.0, gt=0)
     # The deployment reconciler (workers/deployments.py).
     deployment_sweep_period_s: float = Field(default=2.0, gt=0)
+    # The service reconciler (workers/service_reconcile.py): its period, how long a
+    # replica may be unavailable before a replacement is placed, the placements one
+    # service gets per step, and the backoff off a node where a replica failed.
+    service_sweep_period_s: float = Field(default=2.0, gt=0)
+    service_heal_grace_s: float = Field(default=30.0, ge=0)
+    service_placements_per_step: int = Field(default=16, ge=1, le=1000)
+    service_backoff_base_s: float = Field(default=10.0, ge=0)
+    service_backoff_max_s: float = Field(default=600.0, ge=0)
     # Published outbox events are kept this long (the admin event stream's resume reads
     # them back), then deleted by a prune scheduled every outbox_prune_period_s.
     outbox_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
@@ -71,3 +80,11 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     # retried after a full-jitter wait whose bound doubles from the first to the last.
     jetstream_wait_initial_s: float = Field(default=0.5, gt=0)
     jetstream_wait_max_s: float = Field(default=10.0, gt=0)
+
+    def service_policy(self) -> ServicePolicy:
+        return ServicePolicy(
+            heal_grace_s=self.service_heal_grace_s,
+            max_placements_per_step=self.service_placements_per_step,
+            backoff_base_s=self.service_backoff_base_s,
+            backoff_max_s=self.service_backoff_max_s,
+        )
