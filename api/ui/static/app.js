@@ -443,7 +443,8 @@
     const section = document.getElementById("view-services");
     const detailBox = document.getElementById("service-detail");
     const hostnames = new Map(); // node id -> display name, for the panel's replicas
-    let detail = null; // { id, timer }
+    let detail = null; // { id }: the open panel's service
+    const fresh = new Set(); // services created since the page was read
 
     const table = pagedTable({
       section,
@@ -540,32 +541,45 @@
         }
         throw error;
       }
-      table.replace(service);
+      if (table.visible(id)) table.replace(service);
+      else if (fresh.has(id)) table.prepend(service);
       if (detail && detail.id === id) await drawDetail(service);
     }
+    // The page read again holds every service created before it was read.
+    async function reload() {
+      fresh.clear();
+      await table.reload();
+    }
+
+    // The panel is drawn again on its service's events only (a replica's every phase
+    // change is one), never on a timer: what it shows is what the stream said.
     function openDetail(id) {
-      closeDetail();
-      detail = { id, timer: setInterval(() => refresh(id).catch(() => {}), DETAIL_POLL_MS) };
+      detail = { id };
       refresh(id).catch((error) => showError(String(error.message)));
     }
     function closeDetail() {
-      if (detail) clearInterval(detail.timer);
       detail = null;
       detailBox.hidden = true;
     }
 
     return {
       section,
-      show: () => table.reload(),
+      show: reload,
       hide: closeDetail,
-      refresh: () => table.reload(),
+      // After the stream reconnects: the page and the open panel, read once.
+      refresh: async () => {
+        await reload();
+        if (detail) await refresh(detail.id);
+      },
       onEvent(event) {
         if (!String(event.action).startsWith("service.")) return;
         const id = event.data?.service_id || event.targetid;
-        if (table.visible(id) || (detail && detail.id === id)) coalesce(`service:${id}`, () => refresh(id));
-        else if (event.action === "service.created" && table.page.offset === 0) {
-          // The new service's row only: the rows on screen are not drawn again.
-          coalesce(`service:${id}`, async () => table.prepend(await getJson(`${paths.services}/${id}`)));
+        // A new service's row goes on top of the first page, the rows on screen are not
+        // drawn again; its later events (one may come while its first GET is in flight)
+        // re-read it as any row's.
+        if (event.action === "service.created") fresh.add(id);
+        if (table.visible(id) || fresh.has(id) || (detail && detail.id === id)) {
+          coalesce(`service:${id}`, () => refresh(id));
         }
       },
     };
