@@ -319,7 +319,8 @@ class Fleet:
                         options.api_url,
                         tls=options.tls,
                         timeout_s=options.request_timeout_s,
-                        max_connections=max(64, 4 * options.nodes),
+                        # A channel per node, and an answer stream per invoke in flight.
+                        max_connections=1024 + 2 * options.nodes,
                         trust_env=False,
                     )
                 )
