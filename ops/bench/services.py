@@ -428,7 +428,8 @@ async def relay_figures(
         f"simulated rate (concurrency x {RATE:g} tokens/s) and interval ({interval_ms:.0f} ms)",
         f"{'streams':>7} {'tok/s':>8} {'offered':>8} {'ratio':>6} {'gap p50':>8} "
         f"{'gap p99':>8} {'+p99 ms':>8} {'ttft p50':>8} {'failed':>6}  cpu s/s: "
-        + " ".join(f"{role}" for role in [*roles, "generators"]),
+        + " ".join(f"{role}" for role in [*roles, "generators"])
+        + "  load avg (the machine's, other work included)",
     ]
     knee = None
     with ProcessPoolExecutor(generators) as pool:
@@ -458,6 +459,7 @@ async def relay_figures(
                 f"{level:>7} {rate:>8.0f} {offered:>8.0f} {ratio:>6.2f} {pct(gaps_ms, 50):>8.1f} "
                 f"{p99:>8.1f} {added:>+8.1f} {pct(ttfts_ms, 50):>8.1f} {result['failed']:>6}  "
                 + " ".join(f"{value:.2f}" for value in cpu.values())
+                + f"  {os.getloadavg()[0]:.1f}"
             )
     if knee is None:
         lines.append("relay knee: below the first level measured")
@@ -524,8 +526,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[str]:
                         "POST", SERVICE_CLIENTS, {"name": "bench", "models": ["healed"]}
                     )
                 )["secret"]
+                parts = (
+                    []
+                    if args.skip_services
+                    else [services_figures(admin, sims, env_id, profiles, secret)]
+                )
                 for part in (
-                    services_figures(admin, sims, env_id, profiles, secret),
+                    *parts,
                     relay_figures(admin, sims, env_id, profiles[0], args.relay_nodes,
                                   args.levels, args.window, args.generators, roles),
                 ):  # fmt: skip
@@ -553,6 +560,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=8.0, help="seconds per relay level")
     parser.add_argument("--generators", type=int, default=2, help="load generator processes")
     parser.add_argument("--skip-placement", action="store_true")
+    parser.add_argument("--skip-services", action="store_true", help="heal, rollout, scale")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mf-bench-services-"))
