@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from schemas.services import Autoscale
+from schemas.services import Autoscale, UpdateStrategy
 from store.models import OutboxEvent
 from store.services.reconcile import reconcile_one
 from store.services.tables import ServiceReplica
@@ -589,3 +589,36 @@ async def test_worker_processes_run_the_service_sweep(
     await in_thread(api, beat_all)
     await asyncio.sleep(1.0)  # a window for what must not happen, not a wait
     assert len(await replicas(sessions, service_id, ended=True)) == 2
+
+
+async def test_a_rollout_on_a_full_fleet_makes_room_within_max_unavailable(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """Every node holds a replica: with max_unavailable 1 an old replica drains first
+    (one ready left), its device takes a new one, and so on; never below one ready."""
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+        other = create_profile(client, api, name="roomier", ctx_size=1024)
+    strategy = UpdateStrategy(max_surge=1, max_unavailable=1, drain_deadline_s=5)
+    service_id = await create_service(sessions, profile["id"], replicas=2, strategy=strategy)
+    await step(sessions)
+    await load_all(sessions, api, nodes)
+    await step(sessions)
+    await roll_out(sessions, service_id, template(other["id"]))
+    rounds = 0
+    while (await service_row(sessions, service_id)).rollout_state == "progressing":
+        rounds += 1
+        assert rounds <= 8, "the rollout did not finish"
+        await step(sessions)
+        rows = await replicas(sessions, service_id)
+        assert ready_count(rows) >= 1, phases(rows)
+        assert sum(1 for row in rows if row.phase == "draining") <= 1, phases(rows)
+        for row in rows:
+            if row.phase == "draining":
+                await in_thread(api, on(nodes, row.node_id).drain)
+            elif row.phase == "loading":
+                await in_thread(api, on(nodes, row.node_id).load)
+    rows = await replicas(sessions, service_id)
+    assert phases(rows) == ["ready", "ready"] and {row.generation for row in rows} == {2}

@@ -13,6 +13,7 @@ While the partition breaker holds, nothing is healed (store/fleet.py).
 from __future__ import annotations
 
 import logging
+import uuid
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -26,6 +27,9 @@ logger = logging.getLogger("modelforge.workers.services")
 
 ACTOR = worker_actor("services")
 PAGE = 200
+# A step that used its whole placement quota is followed at once by another (each its
+# own short transaction), up to this many: a large service fills within one sweep.
+ROUNDS = 8
 
 
 async def reconcile(
@@ -40,14 +44,7 @@ async def reconcile(
         async with sessions() as session, session.begin():
             page = await service_reconcile.due(session, limit=PAGE, after=after)
         for service_id in page:
-            try:
-                async with sessions() as session, session.begin():
-                    actions = await service_reconcile.reconcile_one(
-                        session, service_id, policy, hold=hold, actor=ACTOR
-                    )
-            except DBAPIError as error:
-                logger.warning("service %s: step rolled back (%s)", service_id, error.orig)
-                continue
+            actions = await _steps(sessions, service_id, policy, hold)
             if actions:
                 done[str(service_id)] = actions
                 for action in actions:
@@ -55,3 +52,25 @@ async def reconcile(
         if len(page) < PAGE:
             return done
         after = page[-1]
+
+
+async def _steps(
+    sessions: async_sessionmaker[AsyncSession],
+    service_id: uuid.UUID,
+    policy: ServicePolicy,
+    hold: bool,
+) -> list[str]:
+    done: list[str] = []
+    for _ in range(ROUNDS):
+        try:
+            async with sessions() as session, session.begin():
+                actions = await service_reconcile.reconcile_one(
+                    session, service_id, policy, hold=hold, actor=ACTOR
+                )
+        except DBAPIError as error:
+            logger.warning("service %s: step rolled back (%s)", service_id, error.orig)
+            return done
+        done += actions or []
+        if service_reconcile.placements(actions or []) < policy.max_placements_per_step:
+            return done
+    return done

@@ -40,13 +40,15 @@ from schemas.services import (
 )
 from store import nodes
 from store.deployments.tables import Deployment
-from store.models import Node
+from store.models import Job, Node
 from store.services import placement
 from store.services import replicas as steps
 from store.services.replicas import ServicePolicy
 from store.services.tables import Service, ServiceReplica
 
-__all__ = ["ServicePolicy", "due", "reconcile_one"]
+__all__ = ["ServicePolicy", "due", "placements", "reconcile_one"]
+
+PLACED = "placed on"
 
 NOT_READY = (
     ReplicaPhase.ACQUIRING.value,
@@ -62,6 +64,11 @@ async def due(session: AsyncSession, *, limit: int, after: uuid.UUID | None) -> 
         query = query.where(Service.id > after)
     rows = await session.execute(query.order_by(Service.id).limit(limit))
     return list(rows.scalars().all())
+
+
+def placements(actions: list[str]) -> int:
+    """How many replicas a step's actions placed."""
+    return sum(1 for action in actions if PLACED in action)
 
 
 @dataclass
@@ -102,13 +109,22 @@ async def _locked(session: AsyncSession, service_id: uuid.UUID) -> Service | Non
 
 
 async def _live(session: AsyncSession, service_id: uuid.UUID) -> list[ServiceReplica]:
+    """The live replicas, with their deployments and jobs read in two queries (the
+    session's identity map then answers each replica's follow)."""
     rows = await session.execute(
         select(ServiceReplica)
         .where(ServiceReplica.service_id == service_id, ServiceReplica.phase.in_(steps.LIVE))
         .order_by(ServiceReplica.created_at, ServiceReplica.id)
         .execution_options(populate_existing=True)
     )
-    return list(rows.scalars().all())
+    live = list(rows.scalars().all())
+    deployment_ids = [r.deployment_id for r in live if r.deployment_id is not None]
+    job_ids = [r.artifact_job_id for r in live if r.artifact_job_id is not None]
+    if deployment_ids:
+        await session.execute(select(Deployment).where(Deployment.id.in_(deployment_ids)))
+    if job_ids:
+        await session.execute(select(Job).where(Job.id.in_(job_ids)))
+    return live
 
 
 async def reconcile_one(
@@ -305,7 +321,7 @@ async def _place(step: Step) -> None:
         if replica is None:
             return  # the device went to another service's replica just now
         step.live.append(replica)
-        step.done.append(f"replica {replica.id}: placed on {replica.node_id} ({replica.phase})")
+        step.done.append(f"replica {replica.id}: {PLACED} {replica.node_id} ({replica.phase})")
         if replica.phase == ReplicaPhase.ENDED.value:
             step.done.append(f"replica {replica.id}: {replica.failure_code}")
             if old and service.rollout_state == RolloutState.PROGRESSING.value:
@@ -360,9 +376,13 @@ async def _drain_surplus(step: Step) -> None:
         await drain(replica, "surplus")
         surplus_new -= 1
         total -= 1
-    # Oldest generation first.
+    # Oldest generation first, down to desired - max_unavailable: with max_unavailable
+    # above 0 an old replica may make room for a new one on a full fleet (the ready
+    # floor still holds).
     for replica in sorted(_drain_order(old), key=lambda r: r.generation):
-        if total <= desired:
+        if total <= max(desired - strategy.max_unavailable, 0) or (
+            total <= desired and service.rollout_state != RolloutState.PROGRESSING.value
+        ):
             break
         if replica.phase == ReplicaPhase.READY.value:
             if ready - 1 < floor:

@@ -416,9 +416,7 @@ class Seen:
 async def seen(session: AsyncSession, replica: ServiceReplica) -> Seen:
     job = await session.get(Job, replica.artifact_job_id) if replica.artifact_job_id else None
     deployment = (
-        await session.get(Deployment, replica.deployment_id, populate_existing=True)
-        if replica.deployment_id
-        else None
+        await session.get(Deployment, replica.deployment_id) if replica.deployment_id else None
     )
     return Seen(job, deployment)
 
