@@ -1,8 +1,13 @@
 """The dashboard's Services view (issue 32) in headless Chromium (tests/ui_helpers.py):
-the text nodes and operators control (a node's display name in a receipt's message and
-in the replicas, a replica's failure detail) is shown as text, never as markup, and the
-open panel follows the service's events. Real API, NATS, PostgreSQL and a local server
-in the Hub's layout (tests/hub_server.py) as the artifact source.
+a service created through the admin API appears in the table without a reload, with
+the reconciler's placement receipt (real worker processes: with no node enrolled, "0 of
+0 nodes"); scaling it redraws its row and no other; and the text nodes and operators
+control (a node's display name in a receipt's message and in the replicas, a replica's
+failure detail) is shown as text, never as markup. Real API, workers, NATS, PostgreSQL
+and a local server in the Hub's layout (tests/hub_server.py) as the artifact source.
+
+The view's screenshot is written to docs/ui/services.png, as tests/test_ui_dashboard.py
+writes the other views'.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tests.runtime_flows import create_profile
 from tests.service_api_flows import COMMIT, FILES, REPO, add_replica, service_body
 from tests.services import db_fetch, run_async
 from tests.ui_helpers import ARRIVAL_MS, signed_in
+from tests.worker_processes import OFFLINE_S, STALE_S, Workers
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "ui"
 # Markup an operator or a node could put in text the page shows: executed, it would set
@@ -59,6 +65,74 @@ def _services_tab(page: Any, api: RunningApi) -> None:
 def sourced(hub: HubServer) -> HubServer:
     hub.state.add(REPO, "main", COMMIT, FILES)
     return hub
+
+
+def test_a_service_appears_with_its_receipt_and_scales_live(
+    api_factory: ApiFactory, workers: Workers, sourced: HubServer, browser_page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    workers.start(1)
+    # The workers relay the events and run the service reconciler (no pipeline here).
+    api = api_factory(
+        stale_after_s=STALE_S,
+        offline_after_s=OFFLINE_S,
+        nats_url=workers.env["MODELFORGE_NATS_URL"],
+        broker_namespace=workers.env["MODELFORGE_NAMESPACE"],
+        pipeline=False,
+        artifact_source_url=sourced.url,
+    )
+    page = browser_page
+    with api.client() as client:
+        profile = create_profile(client, api)["id"]
+        # No replicas: nothing to place, so no event of its own will redraw its row.
+        quiet = _create(client, api, profile, name="quiet", replicas=0)
+        # Its service.created relayed and audited before the page's stream opens: the
+        # page must not receive it (that would rightly redraw its row).
+        api.settle()
+        _services_tab(page, api)
+        quiet_row = page.locator(f'tr[data-service-id="{quiet}"]')
+        expect(quiet_row).to_contain_text("quiet")
+        expect(quiet_row.locator('[data-role="replicas"]')).to_have_text("0/0")
+        quiet_row.evaluate("row => { row.__same = true; }")
+
+        served = _create(client, api, profile, name="served", replicas=1)
+        row = page.locator(f'tr[data-service-id="{served}"]')
+        expect(row).to_contain_text("served", timeout=ARRIVAL_MS)
+        expect(row.locator('[data-role="replicas"]')).to_have_text("0/1")
+        # The reconciler's decision, with no node to place on.
+        receipt = row.locator('[data-role="receipt"]')
+        expect(receipt).to_contain_text("unplaceable", timeout=ARRIVAL_MS)
+        expect(receipt).to_contain_text("0 of 0 nodes")
+
+        _scale(client, api, served, 3)
+        expect(row.locator('[data-role="replicas"]')).to_have_text("0/3", timeout=ARRIVAL_MS)
+        expect(row.locator('[data-role="rollout"]')).to_contain_text("0/3")
+
+        # The panel: the last receipt's reasons counted, and a scale shown there live.
+        row.click()
+        panel = page.locator("#service-detail")
+        expect(panel.locator('[data-role="receipt-counts"]')).to_have_text("0 of 0 nodes")
+        expect(panel.locator('[data-role="receipt-message"]')).to_contain_text("0 of 0 nodes")
+        expect(panel.locator('[data-role="rollout-progress"]')).to_contain_text("0/3 updated")
+        _scale(client, api, served, 2)
+        expect(panel.locator('[data-role="rollout-progress"]')).to_contain_text(
+            "0/2 updated", timeout=ARRIVAL_MS
+        )
+        expect(row.locator('[data-role="replicas"]')).to_have_text("0/2", timeout=ARRIVAL_MS)
+        # A node enrolled (offline until it beats): the reconciler's next decision counts
+        # it, and the row and the panel show that decision without a reload.
+        enroll(client, api, hostname="gpu-svc-02")
+        expect(panel.locator('[data-role="receipt-counts"]')).to_have_text(
+            "0 of 1 nodes: 1 offline", timeout=ARRIVAL_MS
+        )
+        expect(receipt).to_contain_text("0 of 1 nodes: 1 offline", timeout=ARRIVAL_MS)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SCREENSHOTS / "services.png", full_page=True)
+
+    # Neither a creation nor another service's changes drew the quiet row again.
+    assert quiet_row.evaluate("row => row.__same === true") is True
+    assert page.evaluate("window.__notReloaded") is True
 
 
 def _receipt(message: str, node_id: str) -> str:
