@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import Autoscale, UpdateStrategy
-from store.models import OutboxEvent
+from store.models import Job, OutboxEvent
 from store.services.reconcile import reconcile_one
 from store.services.tables import ServiceReplica
 from tests.api_server import ApiFactory, RunningApi
@@ -622,3 +622,33 @@ async def test_a_rollout_on_a_full_fleet_makes_room_within_max_unavailable(
                 await in_thread(api, on(nodes, row.node_id).load)
     rows = await replicas(sessions, service_id)
     assert phases(rows) == ["ready", "ready"] and {row.generation for row in rows} == {2}
+
+
+async def test_an_acquisition_on_a_node_gone_offline_is_given_up_after_the_grace(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        bare = service_node(client, api, "bare-host", holds=False)
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [acquiring] = await replicas(sessions, service_id)
+    assert acquiring.phase == "acquiring" and acquiring.node_id == bare.node_id
+    with api.client() as client:
+        holder = service_node(client, api, "holder")
+
+    async def moved() -> list[ServiceReplica]:
+        await sweep_keeping_alive(sessions, api, [holder])
+        found = await replicas(sessions, service_id)
+        return found if [row.node_id for row in found] == [holder.node_id] else []
+
+    [replacement] = await until(moved, "the replica moved to the node online")
+    assert replacement.phase == "loading"
+    ended = [r for r in await replicas(sessions, service_id, ended=True) if r.id == acquiring.id]
+    assert ended[0].ended_reason == "node_offline"
+    async with sessions() as session:
+        job = await session.get(Job, acquiring.artifact_job_id)
+    assert job is not None and job.state == "cancelled"
+    service = await service_row(sessions, service_id)
+    assert str(bare.node_id) in service.backoff
