@@ -182,7 +182,12 @@ async def _acquiring_offline(step: Step, replica: ServiceReplica) -> str | None:
     usable = node is not None and node.enabled and node.decommissioned_at is None
     if usable and node is not None and node.liveness == "online":
         return None
-    if step.now - replica.phase_changed_at < timedelta(seconds=step.policy.heal_grace_s):
+    # The grace counts from when it could no longer acquire: the later of its start and
+    # its node's last liveness change.
+    since = replica.phase_changed_at
+    if node is not None and node.liveness_changed_at is not None:
+        since = max(since, node.liveness_changed_at)
+    if step.now - since < timedelta(seconds=step.policy.heal_grace_s):
         return None
     await steps.drain(step.session, step.service, replica, step.now, 0.0, reason="node_offline",
                       actor=step.actor)  # fmt: skip
