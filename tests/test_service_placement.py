@@ -22,6 +22,7 @@ from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimePro
 from store.services import placement
 from store.services.estimate import GiB
 from store.services.placement import decide
+from store.services.snapshot import FleetCache
 from store.services.tables import Service, ServiceReplica
 
 ENV = "a" * 64
@@ -55,6 +56,8 @@ class Fleet:
         self.sessions = sessions
         self.rows: list[Any] = []
         self.count = 0
+        # Every decision on a snapshot of its own (the snapshot's reuse has its own tests).
+        self.cache = FleetCache(max_age_s=0, refuse_age_s=0)
         self.profile = RuntimeProfile(
             id=uuid.uuid4(), name="p", version=1, settings={}, created_at=NOW
         )
@@ -93,11 +96,21 @@ class Fleet:
                 ],
             }
             self.rows.append(
-                NodeStream(node_id=node.id, stream=StreamName.RUNTIME.value, good_payload=payload)
+                NodeStream(
+                    node_id=node.id,
+                    stream=StreamName.RUNTIME.value,
+                    good_sequence=1,
+                    good_payload=payload,
+                )
             )
         inventory = {"host": {"artifact_roots": ["/models"] if roots is None else roots}}
         self.rows.append(
-            NodeStream(node_id=node.id, stream=StreamName.INVENTORY.value, good_payload=inventory)
+            NodeStream(
+                node_id=node.id,
+                stream=StreamName.INVENTORY.value,
+                good_sequence=1,
+                good_payload=inventory,
+            )
         )
         return node.id
 
@@ -260,9 +273,9 @@ class Fleet:
             session.add_all([row for row in self.rows if not isinstance(row, order)])
         self.rows = []
 
-    async def decide(self, service: Service) -> Any:
+    async def decide(self, service: Service, cache: FleetCache | None = None) -> Any:
         async with self.sessions() as session:
-            return await decide(session, service, NOW)
+            return await decide(session, service, NOW, self.cache if cache is None else cache)
 
 
 @pytest.fixture
@@ -307,7 +320,7 @@ async def test_every_node_is_counted_once_by_the_first_reason_that_ruled_it_out(
 
     receipt = await fleet.decide(service)
 
-    assert receipt.outcome == "placed"
+    assert receipt.outcome == "placed", receipt.message
     assert receipt.node_id == first
     assert receipt.nodes_considered == 13  # the decommissioned node is not one
     assert receipt.feasible == 1
@@ -422,7 +435,7 @@ async def test_backoff_holds_a_node_back_until_its_time(fleet: Fleet) -> None:
     assert receipt.rejected == {PlacementReason.BACKOFF: 1}
 
     async with fleet.sessions() as session:
-        later = await decide(session, service, until + timedelta(seconds=1))
+        later = await decide(session, service, until + timedelta(seconds=1), fleet.cache)
     assert later.node_id == node
 
 
@@ -527,3 +540,43 @@ async def test_an_empty_fleet(fleet: Fleet) -> None:
     assert receipt.outcome == "unplaceable"
     assert receipt.nodes_considered == 0
     assert receipt.message == "0 of 0 nodes: no node is enrolled"
+
+
+async def test_a_held_snapshot_never_places_on_a_node_that_changed_nor_refuses(
+    fleet: Fleet,
+) -> None:
+    """A snapshot serves decisions for its max age; the chosen node is read again (a
+    disabled one is not placed on), and "unplaceable" comes from a snapshot taken in the
+    same call (a node enrolled since is found)."""
+    held = FleetCache(max_age_s=3600, refuse_age_s=0)
+    service = fleet.service()
+    await fleet.commit()
+    receipt = await fleet.decide(service, held)
+    assert receipt.outcome == "unplaceable"
+
+    first = fleet.node(devices=[device(free=70 * GiB)])
+    second = fleet.node(devices=[device(free=20 * GiB)])
+    await fleet.commit()
+    receipt = await fleet.decide(service, held)
+    assert receipt.node_id == first  # the refusal's fresh look found them
+
+    async with fleet.sessions() as session, session.begin():
+        node = await session.get(Node, first)
+        assert node is not None
+        node.enabled = False
+    receipt = await fleet.decide(service, held)
+    assert receipt.node_id == second
+    assert receipt.rejected == {PlacementReason.DISABLED: 1}
+
+    # A report with less memory is a new version: the decision reads it.
+    async with fleet.sessions() as session, session.begin():
+        stream = await session.get(NodeStream, (second, StreamName.RUNTIME.value))
+        assert stream is not None and stream.good_payload is not None
+        stream.good_payload = {**stream.good_payload, "devices": [device(free=1 * GiB)]}
+        stream.good_sequence = 2
+    receipt = await fleet.decide(service, held)
+    assert receipt.outcome == "unplaceable"
+    assert receipt.rejected == {
+        PlacementReason.DISABLED: 1,
+        PlacementReason.INSUFFICIENT_MEMORY: 1,
+    }

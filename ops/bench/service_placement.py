@@ -14,7 +14,11 @@ with a device busy with another service's replica, and probe evidence on a few. 
   p50/p99 in ms (goal: p99 < 50 ms over 10,000 nodes);
 * **a service of `--replicas` replicas**: decide, then insert the replica row and
   commit, as the reconciler does, until all are placed (goal: 100 in under 10 s);
-* a selective service (one zone, a CPU device) for comparison.
+* a selective service (one zone, a CPU device) for comparison: nothing fits, and a
+  refusal is answered only from a snapshot at most REFUSE_AGE_S old;
+* the snapshot taken again (store/services/snapshot.py: the fleet listing, reports
+  parsed only when their version changed), which a decision pays at most every
+  MAX_AGE_S (and a refusal every REFUSE_AGE_S).
 
 `placement_figures(database_url, nodes, decisions)` is the same, for
 ops/bench/services.py: it adds its nodes to the database it is given.
@@ -47,6 +51,7 @@ from store.deployments import tables as _deployments  # noqa: F401 (the FK targe
 from store.engine import make_engine, make_sessionmaker
 from store.services.estimate import GiB
 from store.services.placement import decide
+from store.services.snapshot import CACHE
 from store.services.tables import Service, ServiceReplica
 
 ENV = "e" * 64
@@ -68,8 +73,8 @@ _SEED = [
     FROM generate_series(1, :nodes) AS i
     """,
     """
-    INSERT INTO node_streams (node_id, stream, good_payload)
-    SELECT md5(:tag || i)::uuid, 'runtime', jsonb_build_object(
+    INSERT INTO node_streams (node_id, stream, good_sequence, good_payload)
+    SELECT md5(:tag || i)::uuid, 'runtime', 1, jsonb_build_object(
         'environments', jsonb_build_array(jsonb_build_object(
             'binary_sha256', CAST(:env AS text), 'version', 'b1', 'backend', 'cuda')),
         'devices', CASE WHEN i % 4 = 0 THEN jsonb_build_array(jsonb_build_object(
@@ -86,8 +91,8 @@ _SEED = [
     FROM generate_series(1, :nodes) AS i WHERE i % 33 <> 3
     """,
     """
-    INSERT INTO node_streams (node_id, stream, good_payload)
-    SELECT md5(:tag || i)::uuid, 'inventory',
+    INSERT INTO node_streams (node_id, stream, good_sequence, good_payload)
+    SELECT md5(:tag || i)::uuid, 'inventory', 1,
         jsonb_build_object('host', jsonb_build_object('artifact_roots',
             CASE WHEN i % 50 = 4 THEN '[]'::jsonb ELSE '["/models"]'::jsonb END))
     FROM generate_series(1, :nodes) AS i
@@ -227,6 +232,17 @@ async def _decisions(
     return times, receipt
 
 
+async def _refreshes(sessions: async_sessionmaker[AsyncSession], count: int) -> list[float]:
+    """A snapshot taken again (nothing changed: the listing, no report parsed again)."""
+    times = []
+    for _ in range(count):
+        async with sessions() as session:
+            started = time.perf_counter()
+            await CACHE.snapshot(session, force=True)
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
 async def _place_all(
     sessions: async_sessionmaker[AsyncSession], service: Service
 ) -> tuple[float, int]:
@@ -263,6 +279,7 @@ async def _figures(database_url: str, nodes: int, decisions: int, replicas: int)
         times, receipt = await _decisions(sessions, wide, decisions)
         narrow_times, narrow_receipt = await _decisions(sessions, narrow, max(20, decisions // 4))
         place_s, placed = await _place_all(sessions, wide)
+        refresh = await _refreshes(sessions, max(5, decisions // 20))
     finally:
         await engine.dispose()
     return {
@@ -276,6 +293,8 @@ async def _figures(database_url: str, nodes: int, decisions: int, replicas: int)
         "narrow_p50_ms": round(statistics.median(narrow_times), 2),
         "narrow_p99_ms": round(_pct(narrow_times, 0.99), 2),
         "narrow_receipt": narrow_receipt.message if narrow_receipt else None,
+        "snapshot_refresh_p50_ms": round(statistics.median(refresh), 2),
+        "snapshot_refresh_max_ms": round(max(refresh), 2),
         "replicas": replicas,
         "replicas_placed": placed,
         "replicas_place_s": round(place_s, 2),
@@ -323,8 +342,10 @@ def main() -> int:
         f"placement over {figures['nodes']} nodes: p50 {figures['decide_p50_ms']} ms,"
         f" p99 {figures['decide_p99_ms']} ms (goal < 50 ms);"
         f" {figures['replicas_placed']} of {figures['replicas']} replicas placed in"
-        f" {figures['replicas_place_s']} s (goal < 10 s)"
+        f" {figures['replicas_place_s']} s (goal < 10 s); snapshot refresh p50"
+        f" {figures['snapshot_refresh_p50_ms']} ms"
     )
+    print(f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
 
