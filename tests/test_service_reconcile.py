@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,8 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import Autoscale, UpdateStrategy
 from store.models import Job, OutboxEvent
-from store.services.reconcile import reconcile_one
-from store.services.tables import ServiceReplica
+from store.services.reconcile import ServicePolicy, reconcile_one
+from store.services.replicas import back_off, forgive
+from store.services.tables import Service, ServiceReplica
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import RECONCILE_POLICY
 from tests.flows import THRESHOLDS
@@ -652,3 +653,25 @@ async def test_an_acquisition_on_a_node_gone_offline_is_given_up_after_the_grace
     assert job is not None and job.state == "cancelled"
     service = await service_row(sessions, service_id)
     assert str(bare.node_id) in service.backoff
+
+
+def test_the_backoff_grows_per_node_is_capped_and_forgotten() -> None:
+    policy = ServicePolicy(backoff_base_s=10, backoff_max_s=35)
+    service = Service(backoff={})
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    node, other = uuid.uuid4(), uuid.uuid4()
+    untils = []
+    for _ in range(4):
+        back_off(service, node, now, policy)
+        untils.append(datetime.fromisoformat(service.backoff[str(node)]["until"]) - now)
+    # 10 s, 20 s, then the cap (35 s), per node.
+    assert untils == [timedelta(seconds=s) for s in (10, 20, 35, 35)]
+    assert service.backoff[str(node)]["failures"] == 4
+    back_off(service, other, now, policy)
+    assert service.backoff[str(other)]["failures"] == 1
+    # Long past its time (more than the cap): forgotten when the map is next written.
+    back_off(service, other, now + timedelta(seconds=71), policy)
+    assert str(node) not in service.backoff
+    # A replica ready on a node forgives it.
+    forgive(service, other)
+    assert service.backoff == {}

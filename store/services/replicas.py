@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -157,11 +157,32 @@ def back_off(service: Service, node_id: uuid.UUID, now: datetime, policy: Servic
     key = str(node_id)
     failures = int((service.backoff or {}).get(key, {}).get("failures", 0)) + 1
     until = now + policy.backoff(failures)
-    # A new dict: JSONB columns are not tracked for changes in place.
-    service.backoff = {
-        **(service.backoff or {}),
-        key: {"until": until.isoformat(), "failures": failures},
-    }
+    # Entries past their time by more than the cap are forgotten (the map stays small);
+    # a new dict: JSONB columns are not tracked for changes in place.
+    forget = now - timedelta(seconds=policy.backoff_max_s)
+    kept = {}
+    for node, entry in (service.backoff or {}).items():
+        until_then = _until(entry)
+        if until_then is None or until_then > forget:
+            kept[node] = entry
+    service.backoff = {**kept, key: {"until": until.isoformat(), "failures": failures}}
+
+
+def _until(entry: Any) -> datetime | None:
+    """An entry's time, None when it cannot be read (kept as it is)."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        until = datetime.fromisoformat(str(entry.get("until")))
+    except ValueError:
+        return None
+    return until if until.tzinfo is not None else None
+
+
+def forgive(service: Service, node_id: uuid.UUID) -> None:
+    """A replica became ready on the node: its failures there are forgotten."""
+    if str(node_id) in (service.backoff or {}):
+        service.backoff = {k: v for k, v in service.backoff.items() if k != str(node_id)}
 
 
 def fail(
@@ -498,6 +519,7 @@ async def follow(
         return "draining"
     if dstate == DeploymentState.READY and phase != ReplicaPhase.READY:
         replica.failure_code = replica.failure_detail = None
+        forgive(service, replica.node_id)
         move(
             session,
             service,
