@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
-from schemas.protocol import SERVICES
+from schemas.protocol import DEPLOYMENT_JOB_FAIL, SERVICES
 from schemas.services import PlacementReceipt
+from store.engine import make_engine, make_sessionmaker
 from tests.admin_helpers import ok, patch_node
 from tests.api_server import ApiFactory, RunningApi
-from tests.flows import enroll
+from tests.deployment_flows import claim_deployment_job, lease_of
+from tests.flows import THRESHOLDS, enroll
 from tests.hub_server import HubServer
 from tests.runtime_flows import create_profile
 from tests.service_api_flows import COMMIT, FILES, REPO, add_replica, service_body
+from tests.service_flows import create_service, service_node, step
 from tests.services import db_fetch, run_async
 from tests.ui_helpers import ARRIVAL_MS, signed_in
 from tests.worker_processes import OFFLINE_S, STALE_S, Workers
@@ -215,3 +219,85 @@ def test_operator_and_node_text_is_shown_as_text(
     assert dialogs == []
     assert page.evaluate("window.__notReloaded") is True
     assert json.loads(receipt)["message"].startswith("placed on <img")
+
+
+T = TypeVar("T")
+
+
+def _in_store(api: RunningApi, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run a store-level step (the reconciler's pass, a service declared through the
+    rules) against the test's database, on a loop and an engine of its own."""
+
+    async def run() -> T:
+        engine = make_engine(api.settings.database_url, pool_size=2)
+        try:
+            return await work(make_sessionmaker(engine))
+        finally:
+            await engine.dispose()
+
+    return run_async(run)
+
+
+def test_a_placed_replica_and_its_failed_load_show_the_nodes_text_as_text(
+    api_factory: ApiFactory, browser_page: Any
+) -> None:
+    """The whole way, with the reconciler's pass run here (tests/service_flows.py: step)
+    and the node's side over the real protocol: the placed receipt names the node by its
+    display name (markup), the replica is shown loading on it, the node fails the load
+    with markup in its detail, and the ended replica shows that failure; each change
+    reaches the page by the service's events alone."""
+    from playwright.sync_api import expect
+
+    api = api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        job_retry_base_s=0.1,
+    )
+    page = browser_page
+    with api.client() as client:
+        node = service_node(client, api, "gpu-svc-03")
+        assert patch_node(client, api, str(node.node_id), display_name=HOSTILE).status_code == 200
+        profile = create_profile(client, api)["id"]
+        _services_tab(page, api)
+        service_id = str(_in_store(api, lambda sessions: create_service(sessions, profile)))
+        row = page.locator(f'tr[data-service-id="{service_id}"]')
+        expect(row).to_contain_text("smol", timeout=ARRIVAL_MS)
+        row.click()
+        panel = page.locator("#service-detail")
+        expect(panel.locator('[data-role="last-receipt"]')).to_contain_text("No placement")
+
+        node.beat(client)
+        node.report(client)
+        _in_store(api, step)
+        receipt = row.locator('[data-role="receipt"]')
+        expect(receipt).to_contain_text(f"placed on {HOSTILE} cpu", timeout=ARRIVAL_MS)
+        live = panel.locator("#replicas tbody tr[data-replica-id]")
+        expect(live).to_have_count(1, timeout=ARRIVAL_MS)
+        expect(live.locator('[data-role="phase"]')).to_have_text("loading")
+        expect(live.locator('[data-role="node"]')).to_contain_text(HOSTILE)
+        placed = live.locator('[data-role="replica-receipt"]')
+        expect(placed).to_contain_text(f"placed on {HOSTILE}")
+        replica_id = live.get_attribute("data-replica-id")
+
+        # The node fails the load for good, with markup in what it says.
+        claim = claim_deployment_job(client, node.node)
+        body = {
+            "lease": lease_of(claim),
+            "code": "out_of_memory",
+            "retryable": False,
+            "detail": f"llama-server: {HOSTILE}",
+        }
+        path = DEPLOYMENT_JOB_FAIL.format(job_id=claim["job_id"])
+        ok(client.post(path, json=body, headers=node.node.headers))
+        node.beat(client)
+        _in_store(api, step)
+        ended = panel.locator(f'#ended-replicas tr[data-replica-id="{replica_id}"]')
+        expect(ended.locator('[data-role="failure"]')).to_have_text(
+            f"out_of_memory: llama-server: {HOSTILE}", timeout=ARRIVAL_MS
+        )
+        expect(ended.locator('[data-role="phase"]')).to_contain_text("ended")
+        expect(ended.locator('[data-role="node"]')).to_contain_text(HOSTILE)
+
+    assert page.locator("#view-services img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("window.__notReloaded") is True

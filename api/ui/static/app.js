@@ -17,6 +17,7 @@
   const JOB_POLL_MS = 5000;
   const SPARK_POINTS = 60;
   const AUDIT_ROWS = 200;
+  const ENDED_SHOWN = 10;
 
   let paths = null;
   let source = null;
@@ -489,9 +490,32 @@
         el("p", { class: "mono", "data-role": "receipt-message" }, receipt.message))];
     }
 
+    function replicaTable(id, replicas, service, names, empty) {
+      return el("table", { class: "grid", id },
+        el("thead", {}, el("tr", {}, ["Replica", "Node", "Device", "Phase", "Generation", "Placement", "Failure"]
+          .map((h) => el("th", {}, h)))),
+        el("tbody", {}, replicas.length ? replicas.map((replica) => el("tr", { "data-replica-id": replica.id },
+          el("td", { class: "mono" }, short(replica.id)),
+          el("td", { "data-role": "node" }, names.get(replica.node_id) ? `${names.get(replica.node_id)} ` : "",
+            el("span", { class: "mono muted" }, short(replica.node_id))),
+          el("td", { class: "mono" }, replica.device_id),
+          el("td", { "data-role": "phase" }, badge(replica.phase), replica.ended_reason ? ` ${replica.ended_reason}` : ""),
+          el("td", {}, replica.generation, replica.generation < service.generation ? " (outdated)" : ""),
+          el("td", { class: "wrap", "data-role": "replica-receipt" }, replica.receipt ? replica.receipt.message : "—"),
+          el("td", { class: "wrap", "data-role": "failure" },
+            replica.failure ? `${replica.failure.code}${replica.failure.detail ? `: ${replica.failure.detail}` : ""}` : "—")))
+          : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, empty))]));
+    }
+
     async function drawDetail(service) {
+      // The answer holds the ended replicas too (?ended): the newest few are shown, for
+      // why they ended (a failed load's code and detail).
+      const live = service.items.filter((replica) => replica.phase !== "ended");
+      const ended = service.items.filter((replica) => replica.phase === "ended")
+        .sort((a, b) => String(b.phase_changed_at).localeCompare(String(a.phase_changed_at)))
+        .slice(0, ENDED_SHOWN);
       const names = new Map();
-      for (const replica of service.items) names.set(replica.node_id, await hostname(replica.node_id));
+      for (const replica of [...live, ...ended]) names.set(replica.node_id, await hostname(replica.node_id));
       if (!detail || detail.id !== service.id) return;
       const rollout = service.rollout;
       const percent = rollout.desired ? Math.floor((100 * rollout.updated_ready) / rollout.desired) : 100;
@@ -509,20 +533,9 @@
         el("h3", {}, "Last placement"),
         ...receiptBlock(service.last_receipt),
         el("h3", {}, "Replicas"),
-        el("table", { class: "grid", id: "replicas" },
-          el("thead", {}, el("tr", {}, ["Replica", "Node", "Device", "Phase", "Generation", "Placement", "Failure"]
-            .map((h) => el("th", {}, h)))),
-          el("tbody", {}, service.items.length ? service.items.map((replica) => el("tr", { "data-replica-id": replica.id },
-            el("td", { class: "mono" }, short(replica.id)),
-            el("td", { "data-role": "node" }, names.get(replica.node_id) ? `${names.get(replica.node_id)} ` : "",
-              el("span", { class: "mono muted" }, short(replica.node_id))),
-            el("td", { class: "mono" }, replica.device_id),
-            el("td", {}, badge(replica.phase), replica.ended_reason ? ` ${replica.ended_reason}` : ""),
-            el("td", {}, replica.generation, replica.generation < service.generation ? " (outdated)" : ""),
-            el("td", { class: "wrap", "data-role": "replica-receipt" }, replica.receipt ? replica.receipt.message : "—"),
-            el("td", { class: "wrap", "data-role": "failure" },
-              replica.failure ? `${replica.failure.code}${replica.failure.detail ? `: ${replica.failure.detail}` : ""}` : "—")))
-            : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No live replicas."))])));
+        replicaTable("replicas", live, service, names, "No live replicas."),
+        el("h3", {}, `Ended, the last ${ENDED_SHOWN}`),
+        replicaTable("ended-replicas", ended, service, names, "None ended."));
       // The bar's width through the CSSOM: an inline style attribute is refused by the CSP.
       for (const bar of detailBox.querySelectorAll("[data-width]")) bar.style.width = `${bar.dataset.width}%`;
       detailBox.hidden = false;
@@ -532,7 +545,9 @@
     async function refresh(id) {
       let service;
       try {
-        service = await getJson(`${paths.services}/${id}`);
+        // The open panel's service with its ended replicas; a row needs only the service.
+        const panel = detail && detail.id === id;
+        service = await getJson(`${paths.services}/${id}`, panel ? { ended: "true" } : {});
       } catch (error) {
         if (String(error.message).startsWith("404")) {
           table.remove(id);
