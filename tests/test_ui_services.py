@@ -214,6 +214,36 @@ def test_operator_and_node_text_is_shown_as_text(
         _scale(client, api, served, 2)
         expect(panel).to_contain_text("of 2 replicas ready", timeout=ARRIVAL_MS)
 
+        # The next replica could not be placed: the panel counts the receipt's reasons
+        # as the scheduler's own message does, the largest count first, and the row
+        # shows the message.
+        refusal = (
+            "0 of 10 nodes: 7 selector,"
+            " 2 insufficient memory (needs 9.0 GiB, best 7.5 GiB), 1 offline"
+        )
+        unplaceable = PlacementReceipt(
+            decided_at=datetime.now(UTC),
+            outcome="unplaceable",
+            nodes_considered=10,
+            feasible=0,
+            rejected={"offline": 1, "insufficient_memory": 2, "selector": 7},
+            needs_bytes=9 * 2**30,
+            best_free_bytes=int(7.5 * 2**30),
+            message=refusal,
+        ).model_dump_json()
+        run_async(
+            lambda: db_fetch(
+                api.settings.database_url,
+                "UPDATE services SET last_receipt = $2::jsonb WHERE id = $1",
+                uuid.UUID(served),
+                unplaceable,
+            )
+        )
+        _scale(client, api, served, 3)
+        counts = panel.locator('[data-role="receipt-counts"]')
+        expect(counts).to_have_text(refusal, timeout=ARRIVAL_MS)
+        expect(row.locator('[data-role="receipt"]')).to_have_text(f"unplaceable {refusal}")
+
     assert page.locator("#view-services img").count() == 0
     assert page.evaluate("window.__pwned") is None
     assert dialogs == []
