@@ -218,15 +218,16 @@ def test_operator_and_node_text_is_shown_as_text(
         # as the scheduler's own message does, the largest count first, and the row
         # shows the message.
         refusal = (
-            "0 of 10 nodes: 7 selector,"
-            " 2 insufficient memory (needs 9.0 GiB, best 7.5 GiB), 1 offline"
+            "0 of 11 nodes: 7 selector,"
+            " 2 insufficient memory (needs 9.0 GiB, best 7.5 GiB), 1 offline, 1 backoff"
         )
         unplaceable = PlacementReceipt(
             decided_at=datetime.now(UTC),
             outcome="unplaceable",
-            nodes_considered=10,
+            nodes_considered=11,
             feasible=0,
-            rejected={"offline": 1, "insufficient_memory": 2, "selector": 7},
+            # Equal counts in the scheduler's order (offline before backoff).
+            rejected={"backoff": 1, "offline": 1, "insufficient_memory": 2, "selector": 7},
             needs_bytes=9 * 2**30,
             best_free_bytes=int(7.5 * 2**30),
             message=refusal,

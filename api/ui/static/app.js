@@ -412,21 +412,20 @@
   // the service and its live replicas), coalesced per service: a service.* event re-reads
   // only the service it names, and an unplaceable service that is retried every sweep
   // costs one GET per coalescing window, not one per event.
-  const REASONS = {
-    offline: "offline", disabled: "disabled", selector: "selector", no_runtime: "no runtime",
-    environment: "environment", device_kind: "device kind", device_busy: "device busy",
-    insufficient_memory: "insufficient memory", spread: "spread", backoff: "backoff",
-    no_root: "no artifact root",
-  };
-  const gib = (bytes) => (bytes === null || bytes === undefined ? "?" : `${(bytes / 2 ** 30).toFixed(1)} GiB`);
+  // schemas/services.py: PlacementReason, in its order: the scheduler's order for equal
+  // counts (store/services/placement.py: ORDER).
+  const REASONS = ["offline", "disabled", "selector", "no_runtime", "environment", "device_kind",
+    "device_busy", "insufficient_memory", "spread", "backoff", "no_root"];
+  const rank = (reason) => (REASONS.includes(reason) ? REASONS.indexOf(reason) : REASONS.length);
+  const gib = (bytes) => (bytes === null || bytes === undefined ? "unknown" : `${(bytes / 2 ** 30).toFixed(1)} GiB`);
 
   // "0 of 10 nodes: 7 selector, 2 insufficient memory (needs 9.1 GiB, best 7.8 GiB), 1 offline"
   function receiptCounts(receipt) {
     const parts = Object.entries(receipt.rejected || {})
       .filter(([, count]) => count > 0)
-      .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]))
+      .sort((a, b) => b[1] - a[1] || rank(a[0]) - rank(b[0]))
       .map(([reason, count]) => {
-        let text = `${count} ${REASONS[reason] || reason}`;
+        let text = `${count} ${reason.replaceAll("_", " ")}`;
         if (reason === "insufficient_memory") text += ` (needs ${gib(receipt.needs_bytes)}, best ${gib(receipt.best_free_bytes)})`;
         return text;
       });
