@@ -6,12 +6,14 @@ runtime and inventory streams, artifacts, replicas, deployments): rows, not mock
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import StreamName
@@ -580,3 +582,55 @@ async def test_a_held_snapshot_never_places_on_a_node_that_changed_nor_refuses(
         PlacementReason.DISABLED: 1,
         PlacementReason.INSUFFICIENT_MEMORY: 1,
     }
+
+
+async def test_a_snapshot_updated_from_the_last_decides_as_one_taken_afresh(
+    fleet: Fleet,
+) -> None:
+    """The incremental path (a snapshot judged from the previous one's judgment: changed
+    reports, nodes disabled, devices taken and freed) against a cache with no past, over
+    more nodes than the top lists hold, round after round."""
+    rng = random.Random(32)
+    ids = [
+        fleet.node(devices=[device(f"gpu:{g}", free=rng.randrange(0, 81) * GiB) for g in range(2)])
+        for _ in range(placement.TOP + 60)
+    ]
+    service = fleet.service(need=20 * GiB, max_per_node=2)
+    other = fleet.service()
+    await fleet.commit()
+    kept = FleetCache(max_age_s=0, refuse_age_s=0)
+    sequence = 1
+    for _ in range(12):
+        sequence += 1
+        async with fleet.sessions() as session, session.begin():
+            for node_id in rng.sample(ids, 15):
+                stream = await session.get(NodeStream, (node_id, StreamName.RUNTIME.value))
+                assert stream is not None and stream.good_payload is not None
+                devices = [device(f"gpu:{g}", free=rng.randrange(0, 81) * GiB) for g in range(2)]
+                stream.good_payload = {**stream.good_payload, "devices": devices}
+                stream.good_sequence = sequence
+            node = await session.get(Node, rng.choice(ids))
+            assert node is not None
+            node.enabled = not node.enabled
+            for owner in (service, other):
+                session.add(
+                    ServiceReplica(
+                        id=uuid.uuid4(),
+                        service_id=owner.id,
+                        generation=1,
+                        node_id=rng.choice(ids),
+                        device_id=f"gpu:{rng.randrange(2)}",
+                        phase=rng.choice(["ready", "ended"]),
+                        created_at=NOW,
+                        updated_at=NOW,
+                        phase_changed_at=NOW,
+                    )
+                )
+            try:
+                await session.flush()
+            except IntegrityError:
+                await session.rollback()  # that device was taken: another round
+                continue
+        incremental = await fleet.decide(service, kept)
+        afresh = await fleet.decide(service, FleetCache(max_age_s=0, refuse_age_s=0))
+        assert incremental == afresh

@@ -489,10 +489,11 @@ class _Static:
 
     counts: dict[int, int]
     judged: dict[uuid.UUID, tuple[NodeEntry, Judgment]]
-    # The TOP nodes by free memory, and the TOP feasible by score (then node, device);
-    # the fresh sets rarely name that many of them (then every node is looked at).
-    by_free: list[tuple[int, uuid.UUID]]
-    by_score: list[tuple[float, uuid.UUID]]
+    # The TOP nodes by free memory, and the TOP feasible by score (then node, device),
+    # as ascending keys; the fresh sets rarely name that many of them (then every node
+    # is looked at).
+    by_free: list[FreeKey]
+    by_score: list[ScoreKey]
     # The busy devices and evidence it was judged with.
     busy: dict[uuid.UUID, frozenset[str]]
     evidence: dict[uuid.UUID, dict[str, float]]
@@ -522,53 +523,109 @@ MAX_MEMO: Final = 64
 TOP: Final = 64
 
 
-def _score_key(item: tuple[uuid.UUID, Judgment]) -> tuple[float, uuid.UUID, str]:
-    node, judgment = item
-    return (-judgment.score, node, judgment.choice[1] if judgment.choice else "")
+FreeKey = tuple[int, uuid.UUID]  # (-free, node)
+ScoreKey = tuple[float, uuid.UUID, str]  # (-score, node, device)
+
+
+def _free_key(node: uuid.UUID, judgment: Judgment) -> FreeKey | None:
+    return None if judgment.free is None else (-judgment.free, node)
+
+
+def _score_key(node: uuid.UUID, judgment: Judgment) -> ScoreKey | None:
+    if judgment.choice is None:
+        return None
+    return (-judgment.score, node, judgment.choice[1])
 
 
 def _static(snapshot: Snapshot, rules: _Rules) -> _Static:
+    """Every node judged for these rules, once per snapshot: from the previous snapshot's
+    judgment when there is one (only the nodes whose entry, busy devices or evidence
+    changed are judged again), else from scratch."""
     key = rules.key()
     held = snapshot.memo.get(key)
     if isinstance(held, _Static):
         return held
     inherited = snapshot.inherited.get(key)
     base = rules.static()
-    before: dict[uuid.UUID, tuple[NodeEntry, Judgment]] = {}
-    if isinstance(inherited, _Static):
-        # Its judgments hold for the same entries, but for nodes whose busy devices or
-        # evidence changed since.
-        changed = _changed(inherited, base)
-        before = {node: held for node, held in inherited.judged.items() if node not in changed}
-    counts: dict[int, int] = {}
-    judged: dict[uuid.UUID, tuple[NodeEntry, Judgment]] = {}
-    devices: dict[uuid.UUID, tuple[NodeEntry, Any, Devices]] = {}
-    for entry in snapshot.nodes:
-        old = before.get(entry.node_id)
-        judgment = old[1] if old is not None and old[0] is entry else judge(entry, base, devices)
-        judged[entry.node_id] = (entry, judgment)
-        counts[judgment.stage] = counts.get(judgment.stage, 0) + 1
-    made = _Static(counts, judged, *_tops(judged, TOP), base.busy, base.evidence, devices)
+    if isinstance(inherited, _Static) and snapshot.changed is not None:
+        made = _updated(snapshot, inherited, base, snapshot.changed | _changed(inherited, base))
+    else:
+        made = _judged(snapshot, base)
     if len(snapshot.memo) >= MAX_MEMO:
         snapshot.memo.clear()
     snapshot.memo[key] = made
     return made
 
 
+def _judged(snapshot: Snapshot, base: _Rules) -> _Static:
+    counts: dict[int, int] = {}
+    judged: dict[uuid.UUID, tuple[NodeEntry, Judgment]] = {}
+    devices: dict[uuid.UUID, tuple[NodeEntry, Any, Devices]] = {}
+    for entry in snapshot.nodes:
+        judgment = judge(entry, base, devices)
+        judged[entry.node_id] = (entry, judgment)
+        counts[judgment.stage] = counts.get(judgment.stage, 0) + 1
+    by_free, by_score = _tops(judged, TOP)
+    return _Static(counts, judged, by_free, by_score, base.busy, base.evidence, devices)
+
+
+def _updated(
+    snapshot: Snapshot, inherited: _Static, base: _Rules, changed: set[uuid.UUID]
+) -> _Static:
+    """The inherited judgment with the changed nodes judged again (and the removed gone):
+    the top lists keep what stays correct of them (see _merge)."""
+    counts = dict(inherited.counts)
+    judged = dict(inherited.judged)
+    devices = dict(inherited.devices)
+    frees: list[FreeKey] = []
+    scores: list[ScoreKey] = []
+    for node in changed:
+        old = judged.pop(node, None)
+        if old is not None:
+            counts[old[1].stage] -= 1
+        entry = snapshot.by_id.get(node)
+        if entry is None:
+            continue
+        judgment = judge(entry, base, devices)
+        judged[node] = (entry, judgment)
+        counts[judgment.stage] = counts.get(judgment.stage, 0) + 1
+        if (free := _free_key(node, judgment)) is not None:
+            frees.append(free)
+        if (score := _score_key(node, judgment)) is not None:
+            scores.append(score)
+    by_free = _merge(inherited.by_free, frees, changed)
+    by_score = _merge(inherited.by_score, scores, changed)
+    if len(by_free) < TOP // 2 or len(by_score) < TOP // 2:
+        by_free, by_score = _tops(judged, TOP)
+    counts = {stage: count for stage, count in counts.items() if count}
+    return _Static(counts, judged, by_free, by_score, base.busy, base.evidence, devices)
+
+
+def _merge(top: list[Any], fresh: list[Any], changed: set[uuid.UUID]) -> list[Any]:
+    """A top list (ascending keys) with the changed nodes' old keys taken out and their
+    new ones merged in. What remains of a full list is the top of the unchanged nodes,
+    so a new key after its last could be beaten by an unchanged node outside it: those
+    are left out. A list shorter than TOP held every node: nothing is left out."""
+    complete = len(top) < TOP
+    remaining = [item for item in top if item[1] not in changed]
+    merged = sorted(remaining + fresh)
+    if not complete and remaining:
+        merged = [item for item in merged if item <= remaining[-1]]
+    elif not complete:
+        merged = []
+    return merged[:TOP]
+
+
 def _tops(
     judged: dict[uuid.UUID, tuple[NodeEntry, Judgment]], count: int | None
-) -> tuple[list[tuple[int, uuid.UUID]], list[tuple[float, uuid.UUID]]]:
-    """The nodes with the most free memory and the best feasible ones, `count` of each
-    (None: all)."""
-    frees = [(j.free, node) for node, (_, j) in judged.items() if j.free is not None]
-    feasible = [(node, j) for node, (_, j) in judged.items() if j.choice is not None]
+) -> tuple[list[FreeKey], list[ScoreKey]]:
+    """The keys of the nodes with the most free memory and of the best feasible ones,
+    ascending, `count` of each (None: all)."""
+    frees = [k for node, (_, j) in judged.items() if (k := _free_key(node, j)) is not None]
+    scores = [s for node, (_, j) in judged.items() if (s := _score_key(node, j)) is not None]
     if count is None:
-        frees.sort(key=lambda item: (-item[0], item[1]))
-        feasible.sort(key=_score_key)
-    else:
-        frees = heapq.nsmallest(count, frees, key=lambda item: (-item[0], item[1]))
-        feasible = heapq.nsmallest(count, feasible, key=_score_key)
-    return frees, [(j.score, node) for node, j in feasible]
+        return sorted(frees), sorted(scores)
+    return heapq.nsmallest(count, frees), heapq.nsmallest(count, scores)
 
 
 def _decide_on(
@@ -593,19 +650,21 @@ def _decide_on(
             best = (now.score, node, now)
     skip = set(special)
     by_free, by_score = static.by_free, static.by_score
-    if len(skip) >= TOP and (
-        all(node in skip for _, node in by_free) or all(node in skip for _, node in by_score)
+    if len(skip) >= TOP // 2 and (
+        all(key[1] in skip for key in by_free) or all(key[1] in skip for key in by_score)
     ):
         by_free, by_score = _tops(static.judged, None)
-    for free, node in by_free:
-        if node not in skip:
+    for free_key in by_free:
+        if free_key[1] not in skip:
+            free = -free_key[0]
             best_free = free if best_free is None else max(best_free, free)
             break
-    for score, node in by_score:
+    for score_key in by_score:
+        node = score_key[1]
         if node not in skip:
             judgment = static.judged[node][1]
-            if _wins(score, node, judgment, best):
-                best = (score, node, judgment)
+            if _wins(judgment.score, node, judgment, best):
+                best = (judgment.score, node, judgment)
             break
     counts = {stage: count for stage, count in counts.items() if count}
     if best is None:

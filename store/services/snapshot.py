@@ -85,6 +85,9 @@ class Snapshot:
     # previous snapshot's (its judgments of entries reused here still hold).
     memo: dict[Any, Any] = field(default_factory=dict)
     inherited: dict[Any, Any] = field(default_factory=dict)
+    # The nodes whose entry is new since the previous snapshot (or that are gone); None
+    # when there was none.
+    changed: set[uuid.UUID] | None = None
 
 
 # One row of arrays: asyncpg decodes them in C, where 10,000 rows would each cost a
@@ -222,7 +225,7 @@ class FleetCache:
                 strict=True,
             )
         )
-        changed = []
+        fresh_items = []
         nodes: list[NodeEntry | None] = []
         for item in listed:
             old = before.get(item[0])
@@ -230,8 +233,8 @@ class FleetCache:
                 nodes.append(old)
             else:
                 nodes.append(None)
-                changed.append(item)
-        await self._parse(session, changed)
+                fresh_items.append(item)
+        await self._parse(session, fresh_items)
         labels_of: dict[str, dict[str, Any]] = {}
         for position, entry in enumerate(nodes):
             if entry is not None:
@@ -261,11 +264,17 @@ class FleetCache:
             keep = {entry.node_id for entry in entries}
             self.reports = {k: v for k, v in self.reports.items() if k in keep}
             self.roots = {k: v for k, v in self.roots.items() if k in keep}
+        by_id = {entry.node_id: entry for entry in entries}
+        changed = None
+        if previous is not None:
+            changed = {item[0] for item in fresh_items}
+            changed |= {node for node in previous.by_id if node not in by_id}
         return Snapshot(
             taken_at,
             entries,
-            {entry.node_id: entry for entry in entries},
+            by_id,
             inherited=previous.memo if previous is not None else {},
+            changed=changed,
         )
 
     async def _parse(self, session: AsyncSession, changed: list[tuple[Any, ...]]) -> None:
