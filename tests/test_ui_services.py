@@ -138,6 +138,15 @@ def test_a_service_appears_with_its_receipt_and_scales_live(
     assert quiet_row.evaluate("row => row.__same === true") is True
     assert page.evaluate("window.__notReloaded") is True
 
+    # The state filter is the API's: none deleted, both active.
+    state = page.locator('#service-filter select[name="state"]')
+    state.select_option("deleted")
+    page.click('#service-filter button[type="submit"]')
+    expect(page.locator("#services tbody tr")).to_have_count(0)
+    state.select_option("active")
+    page.click('#service-filter button[type="submit"]')
+    expect(page.locator("#services tbody tr")).to_have_count(2)
+
 
 def _receipt(message: str, node_id: str) -> str:
     """A placed receipt as the reconciler writes one (store/services/placement.py names

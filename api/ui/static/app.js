@@ -442,6 +442,7 @@
   function servicesView() {
     const section = document.getElementById("view-services");
     const detailBox = document.getElementById("service-detail");
+    const form = document.getElementById("service-filter");
     const hostnames = new Map(); // node id -> display name, for the panel's replicas
     let detail = null; // { id }: the open panel's service
     const fresh = new Set(); // services created since the page was read
@@ -450,7 +451,10 @@
       section,
       table: "services",
       keyOf: (service) => service.id,
-      load: async (offset) => (await getJson(paths.services, { limit: PAGE + 1, offset })).items,
+      load: async (offset) => {
+        const state = new FormData(form).get("state");
+        return (await getJson(paths.services, { limit: PAGE + 1, offset, state })).items;
+      },
       rowOf: (service) => {
         const receipt = service.last_receipt;
         const row = el("tr", { "data-service-id": service.id },
@@ -556,9 +560,15 @@
         throw error;
       }
       if (table.visible(id)) table.replace(service);
-      else if (fresh.has(id)) table.prepend(service);
+      else if (fresh.has(id) && [service.state, ""].includes(new FormData(form).get("state"))) table.prepend(service);
       if (detail && detail.id === id) await drawDetail(service);
     }
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      table.page.offset = 0;
+      reload().catch((error) => showError(String(error.message)));
+    });
+
     // The page read again holds every service created before it was read.
     async function reload() {
       fresh.clear();
