@@ -172,6 +172,7 @@ class SimDevice:
 class RuntimeCounters:
     """What every simulated runtime of a fleet did (the simulator's summary)."""
 
+    reports: int = 0
     loads: int = 0
     invokes: int = 0
     tokens: int = 0
@@ -259,6 +260,8 @@ class SimRuntime:
             )
         except RequestFailed as exc:
             self._failed("runtime report", exc)
+        else:
+            self.counters.reports += 1
 
     async def reports(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -125,7 +125,8 @@ class SimReport:
         if self.runtime is not None:
             r = self.runtime
             lines.append(
-                f"runtime: {r.acquisitions} acquisitions, {r.loads} loads, {r.invokes} invokes"
+                f"runtime: {r.reports} reports, {r.acquisitions} acquisitions, {r.loads} loads,"
+                f" {r.invokes} invokes"
                 f" ({r.tokens} tokens, {r.refused} refused, {r.cut} cut by a drain)"
             )
         lines += [f"  {count} x {key}" for key, count in self.failures.most_common()]
