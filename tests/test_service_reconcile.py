@@ -475,11 +475,17 @@ async def test_an_unplaceable_replica_is_one_event_until_the_reason_changes(
     assert receipt["outcome"] == "unplaceable" and receipt["rejected"] == {"device_busy": 1}
     assert event["data"]["reason"] == receipt["message"]
     assert (await service_row(sessions, service_id)).last_receipt == receipt
-    # Another node: placed; the receipt moves on.
+    # Another node: placed once the scheduler sees it (its fleet snapshot is a few
+    # seconds old at most, store/services/snapshot.py); the receipt moves on.
     with api.client() as client:
         service_node(client, api, "host-1")
-    await step(sessions)
-    assert len(await replicas(sessions, service_id)) == 2
+
+    async def placed() -> bool:
+        await step(sessions)
+        return len(await replicas(sessions, service_id)) == 2
+
+    await until(placed, "the second replica placed on the new node")
+    assert len(await events(sessions, "service.unplaceable")) == 1
     last = (await service_row(sessions, service_id)).last_receipt
     assert last is not None and last["outcome"] == "placed"
 
