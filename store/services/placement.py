@@ -10,7 +10,8 @@ FIRST filter that ruled it out, in PlacementReason's order:
            environment (the report lacks the template's binary, or lists none);
   device:  device_kind, device_busy (a live replica or a deployment not ended on it),
            insufficient_memory (reported free memory below the need plus headroom);
-           a node is judged by its device that got furthest;
+           a node is judged by its device that got furthest, one that reports no
+           device counts as device_kind;
   node:    spread (this service's live replicas there reach max_per_node), backoff (a
            failed acquisition or load there, until its time), no_root (the node lacks
            the artifact and offers no artifact root to acquire it into).
@@ -31,15 +32,20 @@ The need is the template's estimate (store/services/estimate.py), replaced by th
 largest figure a probe measured for the same artifact digest and profile (VRAM used on
 a GPU, peak RSS on a CPU) when one exists, plus a headroom.
 
-Speed (a decision over 10,000 nodes in well under 50 ms on two cores): the fleet's
-slowly changing part (nodes' columns, their runtime reports and artifact roots) comes
-from a snapshot (store/services/snapshot.py, at most MAX_AGE_S old, reports parsed once
-per version), judged once per snapshot for a given selector, device kind, environment
-and need; what every placement changes (busy devices, this service's replicas, the
-nodes holding the artifact, probe evidence, backoff) is read fresh in one small
-statement, and only the nodes it names are judged again. The chosen node is checked
-again on its current rows, and "unplaceable" is only answered from a snapshot taken in
-the same call: a stale snapshot never places on a node that changed, nor refuses.
+Speed (a decision over 10,000 nodes in well under 50 ms on two cores, measured by
+ops/bench/service_placement.py): the fleet's slowly changing part (nodes' columns, their
+runtime reports and artifact roots) comes from a snapshot (store/services/snapshot.py,
+at most MAX_AGE_S old, reports parsed once per version). Every node is judged once per
+snapshot for a given selector, device kind, environment and need, with the busy
+devices and the evidence of that moment, and a new snapshot's judgment starts from the
+previous one's (only nodes whose entry changed are judged again). What every placement
+changes (busy devices, this service's replicas, the nodes holding the artifact, probe
+evidence, backoff) is read fresh in one small statement, and only the nodes it names
+or changes are judged again. The chosen node is read again on its current rows (a
+change there takes a new snapshot first), and "unplaceable" is only answered from a
+snapshot at most REFUSE_AGE_S old: a stale snapshot never places on a node that
+changed, nor refuses for long; it can only miss, for its age, a node that became a
+better choice.
 """
 
 from __future__ import annotations
