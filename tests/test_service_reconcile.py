@@ -681,3 +681,21 @@ def test_the_backoff_grows_per_node_is_capped_and_forgotten() -> None:
     # A replica ready on a node forgives it.
     forgive(service, other)
     assert service.backoff == {}
+
+
+async def test_a_service_whose_step_fails_does_not_stop_the_sweep(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        service_node(client, api, "host-0")
+        profile = create_profile(client, api)
+    broken = await create_service(sessions, profile["id"], name="broken")
+    # First in the sweep's order, with a template no model accepts.
+    first = uuid.UUID(int=1)
+    await change(sessions, broken, id=first, template={"artifact": "not one"})
+    good = await create_service(sessions, profile["id"], name="good")
+    done = await step(sessions)
+    assert str(first) not in done
+    assert len(await replicas(sessions, good)) == 1
+    assert await replicas(sessions, first) == []

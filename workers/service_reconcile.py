@@ -6,7 +6,8 @@ One short transaction per service, its row locked with SKIP LOCKED, so any numbe
 workers may sweep at once (none places a replica another is placing: the one that holds
 the row moves the service, the others pass it by) and one that dies mid-sweep loses
 nothing. A step that fails (a deadlock between two services' steps over two nodes, a
-refusal no rule foresaw) is rolled back alone and tried again on the next sweep.
+value no model accepts) is rolled back alone, logged, and tried again on the next sweep;
+the services after it are still swept.
 While the partition breaker holds, nothing is healed (store/fleet.py).
 """
 
@@ -69,6 +70,11 @@ async def _steps(
                 )
         except DBAPIError as error:
             logger.warning("service %s: step rolled back (%s)", service_id, error.orig)
+            return done
+        except Exception:
+            # One service's step that fails for another reason (a stored value no model
+            # accepts) must not stop the sweep for every service after it.
+            logger.exception("service %s: step failed", service_id)
             return done
         done += actions or []
         if service_reconcile.placements(actions or []) < policy.max_placements_per_step:
