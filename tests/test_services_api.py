@@ -345,6 +345,10 @@ def test_lists_filter_and_ended_replicas_show_on_request(services_api: RunningAp
         assert [r["id"] for r in get(client, api, one["id"])["items"]] == [live]
         shown = get(client, api, one["id"], ended="true")["items"]
         assert sorted(r["id"] for r in shown) == sorted([live, ended])
+        # Ended replicas are bounded, newest first; the live ones are always all there.
+        newer = add_replica(api, one["id"], node.node_id, "gpu2", generation=1, phase="ended")
+        bounded = get(client, api, one["id"], ended="true", ended_limit="1")["items"]
+        assert [r["id"] for r in bounded] == [live, newer]
 
 
 def _artifact(revision: str) -> dict[str, str]:

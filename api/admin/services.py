@@ -85,10 +85,15 @@ async def list_services(
 
 @router.get(SERVICES + "/{service_id}", responses=MISSING)
 async def get_service(
-    service_id: uuid.UUID, session: AdminTransaction, ended: bool = False
+    service_id: uuid.UUID,
+    session: AdminTransaction,
+    ended: bool = False,
+    ended_limit: PageLimit = 100,
 ) -> ServiceDetail:
-    """The service and its live replicas (with `ended`, the ended ones too)."""
-    return await services.detail(session, await services.get(session, service_id), ended=ended)
+    """The service and its live replicas (with `ended`, the `ended_limit` newest ended
+    ones too)."""
+    shown = ended_limit if ended else 0
+    return await services.detail(session, await services.get(session, service_id), ended=shown)
 
 
 @router.post(SERVICES + "/{service_id}/scale", responses=MISSING_OR_CONFLICT)

@@ -282,13 +282,23 @@ async def listed(
 
 
 async def replicas_of(
-    session: AsyncSession, service_id: uuid.UUID, *, ended: bool = False
+    session: AsyncSession, service_id: uuid.UUID, *, ended: int = 0
 ) -> list[ServiceReplica]:
-    query = select(ServiceReplica).where(ServiceReplica.service_id == service_id)
-    if not ended:
-        query = query.where(ServiceReplica.phase.in_(LIVE))
-    query = query.order_by(ServiceReplica.created_at, ServiceReplica.id)
-    return list((await session.execute(query)).scalars().all())
+    """The live replicas (bounded by the replicas a service may ask for, plus its
+    surge), then the `ended` newest ended ones: a service that healed for months has
+    ended replicas without bound, and a page reads this on every one of its events."""
+    mine = select(ServiceReplica).where(ServiceReplica.service_id == service_id)
+    order = (ServiceReplica.created_at, ServiceReplica.id)
+    live = await session.execute(mine.where(ServiceReplica.phase.in_(LIVE)).order_by(*order))
+    rows = list(live.scalars().all())
+    if ended > 0:
+        newest = (
+            mine.where(ServiceReplica.phase.not_in(LIVE))
+            .order_by(ServiceReplica.created_at.desc(), ServiceReplica.id)
+            .limit(ended)
+        )
+        rows += list((await session.execute(newest)).scalars().all())
+    return rows
 
 
 # ------------------------------------------------------------------ views
@@ -300,7 +310,7 @@ async def views(session: AsyncSession, services: list[Service]) -> list[ServiceV
     return [view(s, counts.get(s.id, Counter())) for s in services]
 
 
-async def detail(session: AsyncSession, service: Service, *, ended: bool = False) -> ServiceDetail:
+async def detail(session: AsyncSession, service: Service, *, ended: int = 0) -> ServiceDetail:
     [shown] = await views(session, [service])
     rows = await replicas_of(session, service.id, ended=ended)
     return ServiceDetail(**shown.model_dump(), items=[replica_view(replica) for replica in rows])

@@ -550,7 +550,7 @@
       try {
         // The open panel's service with its ended replicas; a row needs only the service.
         const panel = detail && detail.id === id;
-        service = await getJson(`${paths.services}/${id}`, panel ? { ended: "true" } : {});
+        service = await getJson(`${paths.services}/${id}`, panel ? { ended: "true", ended_limit: String(ENDED_SHOWN) } : {});
       } catch (error) {
         if (String(error.message).startsWith("404")) {
           table.remove(id);
