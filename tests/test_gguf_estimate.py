@@ -20,7 +20,6 @@ from api.model_headers import FIRST_BYTES, ModelHeaders
 from schemas.runtime import LlamaSettings
 from store.services.estimate import (
     COMPUTE_FLOOR,
-    DEFAULT_CONTEXT,
     GiB,
     HeaderTruncated,
     HeaderUnreadable,
@@ -93,12 +92,13 @@ def test_the_kv_cache_is_the_total_context_shared_by_the_slots(tmp_path: Path) -
     assert one.weights_bytes == summary.tensor_bytes
     assert one.total_bytes == one.weights_bytes + one.kv_cache_bytes + one.compute_bytes
     assert one.compute_bytes >= COMPUTE_FLOOR
-    assert (one.source, one.context_size, one.parallel) == ("gguf_header", 1024, 1)
+    # `--parallel` unset: llama-server's "auto", 4 slots.
+    assert (one.source, one.context_size, one.parallel) == ("gguf_header", 1024, 4)
 
-    # llama-server divides one cache among its slots: 4 slots need no more.
-    four = estimate(summary, 10_000, LlamaSettings(ctx_size=1024, server_args={"parallel": 4}))
-    assert four.kv_cache_bytes == one.kv_cache_bytes
-    assert four.parallel == 4
+    # llama-server divides one cache among its slots: 8 slots need no more.
+    eight = estimate(summary, 10_000, LlamaSettings(ctx_size=1024, server_args={"parallel": 8}))
+    assert eight.kv_cache_bytes == one.kv_cache_bytes
+    assert eight.parallel == 8
 
     # A quantized cache: q8_0 is 34 bytes per 32 elements.
     q8 = estimate(
@@ -108,12 +108,13 @@ def test_the_kv_cache_is_the_total_context_shared_by_the_slots(tmp_path: Path) -
     )
     assert q8.kv_cache_bytes == int(1024 * 2 * 2 * (16 + 16) * 34 / 32)
 
-    # No ctx_size: llama.cpp's default, capped by what the model was trained on; 0: that.
-    assert estimate(summary, 10_000, LlamaSettings()).context_size == min(DEFAULT_CONTEXT, 2048)
+    # No ctx_size, or 0: the trained context, as our llama-server allocates it.
+    assert estimate(summary, 10_000, LlamaSettings()).context_size == 2048
     assert estimate(summary, 10_000, LlamaSettings(ctx_size=0)).context_size == 2048
-    # Flash attention drops the KQ scores from the compute buffers.
-    flash = estimate(summary, 10_000, LlamaSettings(ctx_size=1024, flash_attn=True))
-    assert flash.compute_bytes < one.compute_bytes
+    # Flash attention turned off adds the KQ scores to the compute buffers (its default,
+    # "auto", is on).
+    off = estimate(summary, 10_000, LlamaSettings(ctx_size=1024, flash_attn=False))
+    assert off.compute_bytes == one.compute_bytes + 512 * 1024 * 4 * 4
 
 
 @fast
@@ -200,8 +201,11 @@ def test_the_real_smollm2_header_when_the_cache_holds_it() -> None:
     assert summary.head_count_kv == 3
     # The weights are the file but for its header and padding.
     assert size - 64 * 1024 * 1024 < summary.tensor_bytes <= size - summary.header_bytes
-    need = estimate(summary, size, LlamaSettings(ctx_size=512))
-    assert need.total_bytes > summary.tensor_bytes
+    # The figures our llama-server printed for it at --ctx-size 2048: "KV size = 45.00
+    # MiB", a 15.5 MiB compute buffer (the estimate errs above it, by its floor).
+    need = estimate(summary, size, LlamaSettings(ctx_size=2048))
+    assert need.kv_cache_bytes == 45 * 1024 * 1024
+    assert 15.5 * 1024 * 1024 < need.compute_bytes < 100 * 1024 * 1024
 
 
 # ------------------------------------------------------------------ api/model_headers.py

@@ -258,16 +258,24 @@ def _summary(
 
 # ------------------------------------------------------------------ the estimate
 
-# llama.cpp's common default context (`-c` unset) when the profile names none; a model
-# trained on less gets its own (llama.cpp caps it the same way).
+# Checked against the llama-server we build (ops/llama/build.py; SmolLM2-135M, CPU):
+# with no `--ctx-size` it allocates the model's trained context (8192 cells) for
+# n_parallel "auto" = 4 slots sharing one unified cache; `--ctx-size 2048` gave "KV
+# size = 45.00 MiB (2048 cells, 30 layers)", this module's formula to the byte, and a
+# 15.5 MiB compute buffer (flash attention "auto": on).
+#
+# The context when the header does not say the trained one.
 DEFAULT_CONTEXT: Final = 4096
 DEFAULT_UBATCH: Final = 512
-DEFAULT_PARALLEL: Final = 1
-# Compute buffers: a fixed floor (the graph's own allocations, the scheduler's copies)...
+# llama-server's `--parallel` unset (or -1): "auto", 4 slots.
+DEFAULT_PARALLEL: Final = 4
+# Compute buffers: a fixed floor (the graph's own allocations, a backend's scratch)...
 COMPUTE_FLOOR: Final = 64 * MiB
-# ...plus, per token of a micro-batch, the logits (f32 per vocabulary entry) and a few
-# f32 activations of the embedding width (ACTIVATION_FACTOR of them alive at once);
-# without flash attention the KQ scores (f32, a head's row per context position) too.
+# ...plus, per token of a micro-batch, a few f32 activations of the embedding width
+# (ACTIVATION_FACTOR of them alive at once: the attention's and the feed-forward's),
+# the logits of one output per slot (f32 per vocabulary entry), and only with flash
+# attention turned off (llama.cpp's default is "auto", on where the backend has it) the
+# KQ scores (f32, a head's row per context position).
 ACTIVATION_FACTOR: Final = 8
 # The header could not be read: the KV cache and compute buffers are guessed as a
 # quarter of the file, at least this much (a 4096-token f16 cache of a 7B model is 2 GiB).
@@ -285,19 +293,19 @@ def _cache_bytes_per_element(name: Any) -> float:
 
 
 def _context(summary: GgufSummary, settings: LlamaSettings) -> int:
-    """The total context llama-server allocates: the profile's ctx_size; 0 means the
-    model's trained length (as in llama.cpp); unset, llama.cpp's default, capped by it."""
-    trained = summary.context_length
+    """The total context llama-server allocates: the profile's ctx_size; unset or 0, the
+    model's trained length (what our llama-server does: a model trained on 128k tokens
+    gets a 128k cache unless the profile says less), DEFAULT_CONTEXT when unknown."""
     if settings.ctx_size is not None and settings.ctx_size > 0:
         return settings.ctx_size
-    if settings.ctx_size == 0 and trained:
-        return trained
-    return min(DEFAULT_CONTEXT, trained) if trained else DEFAULT_CONTEXT
+    return summary.context_length or DEFAULT_CONTEXT
 
 
 def _parallel(settings: LlamaSettings) -> int:
     value = settings.server_args.get("parallel")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return DEFAULT_PARALLEL
 
 
 def estimate(
@@ -334,8 +342,12 @@ def estimate(
     )
     kv = int(n_ctx * layers * per_token)
     ubatch = min(settings.ubatch_size or DEFAULT_UBATCH, settings.batch_size or 1 << 62, n_ctx)
-    compute = COMPUTE_FLOOR + ubatch * 4 * ((summary.vocab_size or 0) + ACTIVATION_FACTOR * embd)
-    if not settings.flash_attn:
+    compute = (
+        COMPUTE_FLOOR
+        + ubatch * 4 * ACTIVATION_FACTOR * embd
+        + parallel * 4 * (summary.vocab_size or 0)
+    )
+    if settings.flash_attn is False:
         compute += ubatch * n_ctx * heads * 4
     weights = summary.tensor_bytes
     return MemoryEstimate(
