@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import Autoscale, UpdateStrategy
+from store.deployments.tables import Deployment
 from store.models import Job, OutboxEvent
 from store.services.reconcile import ServicePolicy, reconcile_one
 from store.services.replicas import back_off, forgive
@@ -699,3 +700,46 @@ async def test_a_service_whose_step_fails_does_not_stop_the_sweep(
     assert str(first) not in done
     assert len(await replicas(sessions, good)) == 1
     assert await replicas(sessions, first) == []
+
+
+async def test_a_stopped_rollout_replaces_a_lost_old_replica_with_the_old_template(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+        broken = create_profile(client, api, name="broken")
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [old] = await replicas(sessions, service_id)
+    lost_node = on(nodes, old.node_id)
+    await in_thread(api, lost_node.load)
+    await step(sessions)
+    await roll_out(sessions, service_id, template(broken["id"]))
+    await step(sessions)
+    [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
+    failing = on(nodes, new.node_id)
+    await in_thread(api, failing.fail_load)
+    await step(sessions)
+    assert (await service_row(sessions, service_id)).rollout_state == "stopped"
+    spare = next(node for node in nodes if node not in (lost_node, failing))
+
+    # The old replica's node goes silent: past the grace, a replica of the previous
+    # template (generation 1) takes its place on the spare node, not the new one.
+    async def healed() -> list[ServiceReplica]:
+        await sweep_keeping_alive(sessions, api, [failing, spare])
+        rows = [row for row in await replicas(sessions, service_id) if row.id != old.id]
+        return rows
+
+    [replacement] = await until(healed, "a replacement of the old template")
+    assert replacement.generation == 1 and replacement.node_id == spare.node_id
+    deployment_id = await in_thread(api, spare.load)
+    async with sessions() as session:
+        deployment = await session.get(Deployment, uuid.UUID(deployment_id))
+    assert deployment is not None and str(deployment.profile_id) == profile["id"]
+    await sweep_keeping_alive(sessions, api, [failing, spare])
+    service = await service_row(sessions, service_id)
+    assert service.rollout_state == "stopped" and service.generation == 2
+    rows = {row.id: row for row in await replicas(sessions, service_id)}
+    assert rows[replacement.id].phase == "ready"

@@ -13,7 +13,8 @@ once, one of them moves a given service, the others pass it by), and then:
 * rolls out: replicas of an older generation are replaced with Kubernetes's rolling
   update rules (at most max_surge above the desired count, at most max_unavailable
   ready ones short of it); a new replica that fails stops the rollout, the old ones keep
-  serving; complete once every counted replica is current and ready.
+  serving (one lost meanwhile is replaced by one of the previous template); complete
+  once every counted replica is current and ready.
 
 While the partition breaker holds (`hold`), nothing is healed: replicas that look lost
 are more likely cut off than gone.
@@ -309,7 +310,9 @@ async def _place(step: Step) -> None:
     desired = service.replicas
     for _ in range(step.policy.max_placements_per_step):
         if service.rollout_state == RolloutState.STOPPED.value:
-            return
+            if not await _heal_stopped(step):
+                return
+            continue
         counted = step.counted()
         new = [r for r in counted if r.generation == service.generation]
         old = [r for r in counted if r.generation != service.generation]
@@ -331,6 +334,40 @@ async def _place(step: Step) -> None:
             step.done.append(f"replica {replica.id}: {replica.failure_code}")
             if old and service.rollout_state == RolloutState.PROGRESSING.value:
                 _stop_rollout(step, replica)
+
+
+async def _heal_stopped(step: Step) -> bool:
+    """While a rollout is stopped no replica of the new template is placed; one lost
+    meanwhile is replaced by one of the previous template (the generation still
+    serving), so the service keeps its count until an undo or another rollout. Whether
+    one was placed."""
+    service = step.service
+    generation = service.previous_generation
+    if generation is None or service.previous_template is None:
+        return False
+    if len(step.counted()) >= service.replicas:
+        return False
+    # The decision for the previous template: a copy of the row that is never added to
+    # the session (decide only reads it).
+    previous = Service(
+        id=service.id,
+        name=service.name,
+        template=service.previous_template,
+        placement=service.placement,
+        backoff=service.backoff,
+        generation=generation,
+    )
+    receipt = await placement.decide(step.session, previous, step.now)
+    _receipt(step, receipt)
+    if receipt.outcome != "placed":
+        return False
+    replica = await steps.start(step.session, service, receipt, step.now, step.policy,
+                                actor=step.actor, generation=generation)  # fmt: skip
+    if replica is None:
+        return False
+    step.live.append(replica)
+    step.done.append(f"replica {replica.id}: {PLACED} {replica.node_id} ({replica.phase})")
+    return True
 
 
 # ------------------------------------------------------------------ draining the surplus

@@ -37,6 +37,7 @@ from schemas.services import (
     PlacementReceipt,
     ReplicaFailure,
     ReplicaPhase,
+    RolloutState,
     ServiceEvent,
     ServiceTemplate,
 )
@@ -203,6 +204,17 @@ def fail(
 # ------------------------------------------------------------------ starting one
 
 
+def template_of(service: Service, generation: int) -> ServiceTemplate | None:
+    """What replicas of this generation run: the current template, or the previous one
+    for the previous generation (kept serving while a rollout is stopped); None for an
+    older one."""
+    if generation == service.generation:
+        return ServiceTemplate.model_validate(service.template)
+    if generation == service.previous_generation and service.previous_template is not None:
+        return ServiceTemplate.model_validate(service.previous_template)
+    return None
+
+
 async def start(
     session: AsyncSession,
     service: Service,
@@ -211,6 +223,7 @@ async def start(
     policy: ServicePolicy,
     *,
     actor: str,
+    generation: int | None = None,
 ) -> ServiceReplica | None:
     """A replica of the service's current generation where `receipt` placed it: acquiring
     (an artifact job) when the node lacks the file, else loading (a deployment). None when
@@ -224,7 +237,7 @@ async def start(
     replica = ServiceReplica(
         id=uuid.uuid4(),
         service_id=service.id,
-        generation=service.generation,
+        generation=service.generation if generation is None else generation,
         node_id=receipt.node_id,
         device_id=receipt.device_id,
         phase=ReplicaPhase.LOADING.value,
@@ -239,7 +252,8 @@ async def start(
             await session.flush()
     except IntegrityError:
         return None
-    template = ServiceTemplate.model_validate(service.template)
+    template = template_of(service, replica.generation)
+    assert template is not None, "a replica is started for the current or previous generation"
     if receipt.holds_artifact:
         failure = await load(session, service, replica, template, actor=actor)
         if failure is not None and failure.code == ErrorCode.ARTIFACT_NOT_ON_NODE.value:
@@ -470,12 +484,15 @@ async def follow(
             )
             fail(session, service, replica, now, policy, failure, actor=actor)
             return "acquisition failed"
-        if replica.generation != service.generation:
+        template = template_of(service, replica.generation)
+        if template is None or (
+            replica.generation != service.generation
+            and service.rollout_state != RolloutState.STOPPED.value
+        ):
             # A newer template came while it acquired: what it would load is outdated.
             await _cancel_acquisition(session, replica, now, actor=actor)
             end(session, service, replica, now, reason="outdated", actor=actor)
             return "ended"
-        template = ServiceTemplate.model_validate(service.template)
         refused = await load(session, service, replica, template, actor=actor)
         if refused is not None:
             fail(session, service, replica, now, policy, refused, actor=actor)
