@@ -12,6 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -743,3 +744,33 @@ async def test_a_stopped_rollout_replaces_a_lost_old_replica_with_the_old_templa
     assert service.rollout_state == "stopped" and service.generation == 2
     rows = {row.id: row for row in await replicas(sessions, service_id)}
     assert rows[replacement.id].phase == "ready"
+
+
+async def test_a_load_no_one_claims_goes_elsewhere_after_the_claim_timeout(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A node online whose runtime worker takes nothing (it died, its agent beats)."""
+    api = service_api
+    with api.client() as client:
+        for i in range(2):
+            service_node(client, api, f"host-{i}")
+        profile = create_profile(client, api)
+    policy = replace(POLICY, claim_timeout_s=0.5)
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions, policy)
+    [stuck] = await replicas(sessions, service_id)
+    assert stuck.phase == "loading"
+
+    async def moved() -> list[ServiceReplica]:
+        await step(sessions, policy)
+        rows = await replicas(sessions, service_id)
+        return rows if rows and rows[0].id != stuck.id else []
+
+    [moved_to] = await until(moved, "the replica placed elsewhere", timeout_s=10)
+    assert moved_to.node_id != stuck.node_id
+    [ended] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == stuck.id]
+    assert ended.failure_code == "not_claimed" and ended.ended_reason == "failed"
+    async with sessions() as session:
+        deployment = await session.get(Deployment, stuck.deployment_id)
+    assert deployment is not None and deployment.state == "draining"
+    assert str(stuck.node_id) in (await service_row(sessions, service_id)).backoff

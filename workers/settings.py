@@ -72,6 +72,8 @@ class WorkerSettings(RelaySettings, LeaseSettings):
     service_placements_per_step: int = Field(default=16, ge=1, le=1000)
     service_backoff_base_s: float = Field(default=10.0, ge=0)
     service_backoff_max_s: float = Field(default=600.0, ge=0)
+    # A replica's job queued and never claimed this long (its node online) goes elsewhere.
+    service_claim_timeout_s: float = Field(default=300.0, gt=0)
     # Published outbox events are kept this long (the admin event stream's resume reads
     # them back), then deleted by a prune scheduled every outbox_prune_period_s.
     outbox_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
@@ -87,4 +89,5 @@ class WorkerSettings(RelaySettings, LeaseSettings):
             max_placements_per_step=self.service_placements_per_step,
             backoff_base_s=self.service_backoff_base_s,
             backoff_max_s=self.service_backoff_max_s,
+            claim_timeout_s=self.service_claim_timeout_s,
         )

@@ -17,6 +17,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,6 +70,9 @@ class ServicePolicy:
     # backoff_base_s * 2**(failures - 1), at most backoff_max_s.
     backoff_base_s: float = 10.0
     backoff_max_s: float = 600.0
+    # A replica's artifact job or load queued this long and never claimed (its node
+    # online, nothing there taking jobs of that kind) fails, and goes elsewhere.
+    claim_timeout_s: float = 300.0
 
     def backoff(self, failures: int) -> timedelta:
         return timedelta(seconds=min(self.backoff_max_s, self.backoff_base_s * 2 ** (failures - 1)))
@@ -456,6 +460,21 @@ async def seen(session: AsyncSession, replica: ServiceReplica) -> Seen:
     return Seen(job, deployment)
 
 
+_NOT_CLAIMED: Final = ReplicaFailure(
+    code="not_claimed", detail="the node took no job for the replica within the claim timeout"
+)
+
+
+def _unclaimed(job: Job | None, now: datetime, policy: ServicePolicy) -> bool:
+    """A job queued and never claimed (its first attempt not started) past the timeout."""
+    return (
+        job is not None
+        and job.state == leases.QUEUED
+        and job.attempt == 0
+        and now - job.created_at > timedelta(seconds=policy.claim_timeout_s)
+    )
+
+
 def _deployment_failure(deployment: Deployment, fallback: str) -> ReplicaFailure:
     return ReplicaFailure(
         code=(deployment.failure_code or fallback)[:64], detail=deployment.failure_detail or ""
@@ -477,6 +496,10 @@ async def follow(
     if phase == ReplicaPhase.ACQUIRING:
         job = state.job
         if job is None or job.state in (leases.QUEUED, leases.LEASED):
+            if _unclaimed(job, now, policy):
+                await _cancel_acquisition(session, replica, now, actor=actor)
+                fail(session, service, replica, now, policy, _NOT_CLAIMED, actor=actor)
+                return "acquisition not claimed"
             return None
         if job.state != JobState.SUCCEEDED.value:
             failure = ReplicaFailure(
@@ -560,6 +583,16 @@ async def follow(
             actor=actor,
         )
         return "unavailable"
+    if dstate == DeploymentState.PENDING and phase == ReplicaPhase.LOADING:
+        if _unclaimed(await deployments.current_job(session, deployment), now, policy):
+            # Its node is online but nothing there takes the load (its runtime worker
+            # is gone while its agent beats): unload it whenever it can, go elsewhere.
+            with contextlib.suppress(StoreError):
+                async with session.begin_nested():
+                    await deployments.drain(session, deployment.id, 0.0, actor=actor)
+            fail(session, service, replica, now, policy, _NOT_CLAIMED, actor=actor)
+            return "load not claimed"
+        return None
     if dstate in (DeploymentState.PENDING, DeploymentState.LOADING) and phase == ReplicaPhase.READY:
         # Reloading (its runtime worker lost it): not serving until it is ready again.
         move(session, service, replica, ReplicaPhase.LOADING, now, reason="reloading", actor=actor)
