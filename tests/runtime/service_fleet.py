@@ -74,6 +74,7 @@ class Node:
     node_id: str
     agent: AgentProcess
     runtime: RuntimeProcess
+    agent_config: Path
 
     def kill(self) -> None:
         """SIGKILL both processes, as a machine that loses power: the runtime worker's
@@ -117,9 +118,15 @@ class ServiceFleet:
             self.runtimes, self.api, home / "state", self.binary, [root], f"rt-{name}"
         )
         reported_environment(self.api, node_id, self.binary)
-        node = Node(name, node_id, agent, runtime)
+        node = Node(name, node_id, agent, runtime, home / "agent.yaml")
         self.nodes[name] = node
         return node
+
+    def restart(self, node: Node) -> None:
+        """The node back after a kill: its agent on the same state dir (the same node),
+        a fresh runtime worker beside it (nothing loaded: its llama-server died)."""
+        node.agent = self.agents(node.agent_config, node.agent_config.with_name("agent-2.log"))
+        node.runtime.start()
 
     def by_id(self, node_id: str) -> Node:
         return next(n for n in self.nodes.values() if n.node_id == node_id)

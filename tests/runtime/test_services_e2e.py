@@ -8,16 +8,18 @@ short answers, streamed and plain in turn), while the service
    and loaded on another node, then one drained;
 2. rolls out to another runtime profile: the new replica ready before the old drains;
 3. at 2 replicas, loses a node (agent, runtime worker and its llama-server SIGKILLed):
-   the other replica keeps serving, and the lost one is replaced on the third node.
+   the other replica keeps serving, and the lost one is replaced on the third node;
+4. gets that node back: its replica (reloaded there by the deployment reconciler) is a
+   surplus now, and is drained.
 
-What is asserted, precisely:
-* phases 1 and 2: zero failed requests (after the client's own retries), zero streams
-  that ended without a finish_reason, and every drain's job reports no invoke cut;
-* phase 3: zero failed plain requests and zero failed stream openings; the only
-  failures allowed are streams the killed node was already sending at the kill (a stream
-  under way cannot be moved: the gateway ends it with its typed `node_lost` event, which
-  the client raises mid-iteration); their number is printed. The replacement is ready,
-  then serving, within a bound; both times are printed.
+What is asserted, precisely, over the whole run (between the phases too):
+* zero failed requests after the client's own retries, and zero streams that ended
+  without a finish_reason, except streams the killed node was already sending at the
+  kill (a stream under way cannot be moved: the gateway ends it with its typed
+  `node_lost` event, which the client raises mid-iteration); their number is printed;
+* every replica that left (scaled down, replaced by the rollout, the surplus of the
+  returned node) ended with a drain whose job reports 0 invokes cut;
+* the replacement is ready, then serving, within a bound; both times are printed.
 
 Three nodes, not two: with two and two replicas (at most one per node) a replacement has
 nowhere to go, and with one replica there is a gap with no replica ready (the offline
@@ -152,6 +154,23 @@ def test_a_service_scales_rolls_out_and_heals_under_steady_load(
             healed = time.monotonic()
             wait_until(lambda: load.served_by(spare.node_id, healed), 60, "the spare serving")
             serving = time.monotonic()
+        lost = {r["id"]: r["deployment_id"] for r in fleet.service(service_id)["items"]
+                if r["node_id"] == victim.node_id}  # fmt: skip
+
+        # 4. The lost node returns: its replica, a surplus now, is drained, never cut.
+        with load.phase("return", phases):
+            fleet.restart(victim)
+            fleet.until_service(
+                service_id,
+                lambda s: (
+                    not set(lost) & {r["id"] for r in s["items"]}
+                    and set(ready_on(s)) == {survivor.node_id, spare.node_id}
+                ),
+                PLACED_S,
+                "the lost node's replica ended, the two others ready",
+            )
+        for deployment_id in lost.values():
+            drained_without_a_cut(fleet, deployment_id)
     finally:
         load.stop()
 
