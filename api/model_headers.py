@@ -5,8 +5,9 @@ scheduler's memory estimate needs only the header (store/services/estimate.py).
 from, agent/sources/hub.py) with an HTTP Range for a prefix: FIRST_BYTES first, then,
 once, the rest up to `max_bytes` when the header runs longer (a large tokenizer). A
 source that ignores the Range is read only as far as the bytes wanted, then the
-connection is closed. Redirects (the Hub sends LFS files to its CDN) are followed a few
-times, the token only to the endpoint's own origin.
+connection is closed. Each read is bounded in time as a whole (a source that trickles
+bytes is given up), not only between its bytes. Redirects (the Hub sends LFS files to
+its CDN) are followed a few times, the token only to the endpoint's own origin.
 
 Best effort: a source that cannot be reached, answers an error, or a header that cannot
 be read gives None (and a log line, never the answer's body); the estimate then falls
@@ -15,6 +16,7 @@ back to the file's size.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Final
 from urllib.parse import quote, urljoin, urlsplit
@@ -47,6 +49,9 @@ class ModelHeaders:
         self._origin = _origin(self._endpoint)
         self._token = token
         self._max_bytes = max_bytes
+        # httpx's timeout bounds each socket operation, not a read: a source that
+        # trickles a chunk inside it each time would hold a create for the whole prefix.
+        self._timeout_s = timeout_s
         self._http = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
 
     async def close(self) -> None:
@@ -75,8 +80,16 @@ class ModelHeaders:
         return None
 
     async def _read(self, url: str, start: int, count: int) -> bytes:
-        """At most `count` bytes of the file from `start`, by a Range request; a source
-        that ignores the Range (200) is skipped to `start` and cut at `count`."""
+        """At most `count` bytes of the file from `start`, by a Range request, within
+        the timeout (redirects included); a source that ignores the Range (200) is
+        skipped to `start` and cut at `count`."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._read_within(url, start, count)
+        except TimeoutError:
+            raise _Unreachable(f"sent the header slower than {self._timeout_s} s") from None
+
+    async def _read_within(self, url: str, start: int, count: int) -> bytes:
         headers = {"Range": f"bytes={start}-{start + count - 1}"}
         for _ in range(MAX_REDIRECTS + 1):
             sent = dict(headers)

@@ -5,6 +5,7 @@ would write one (the tests of the resource do not run the reconciler)."""
 
 from __future__ import annotations
 
+import struct
 import tempfile
 import uuid
 from pathlib import Path
@@ -105,3 +106,30 @@ def add_replica(
         )
     )
     return replica_id
+
+
+def _gguf_string(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def hostile_gguf(
+    metadata: dict[str, int | str], dims: tuple[int, ...] = (32, 64), *, padding: int = 0
+) -> bytes:
+    """A GGUF header as an untrusted source may serve it: every value as given (signed
+    64-bit integers, so a count may be negative; unsigned when past that range), one F32
+    tensor of `dims` (each as large as a u64 holds), then `padding` zero bytes."""
+    body = b""
+    for key, value in metadata.items():
+        body += _gguf_string(key)
+        if isinstance(value, str):
+            body += struct.pack("<I", gguf.GGUFValueType.STRING) + _gguf_string(value)
+        elif value >= 1 << 63:
+            body += struct.pack("<IQ", gguf.GGUFValueType.UINT64, value)
+        else:
+            body += struct.pack("<Iq", gguf.GGUFValueType.INT64, value)
+    body += _gguf_string("weight") + struct.pack("<I", len(dims))
+    body += b"".join(struct.pack("<Q", dim) for dim in dims)
+    body += struct.pack("<IQ", gguf.GGMLQuantizationType.F32, 0)
+    header = struct.pack("<IIQQ", gguf.GGUF_MAGIC, 3, 1, len(metadata))
+    return header + body + b"\0" * padding

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from typing import Any
 
@@ -29,6 +30,7 @@ from tests.service_api_flows import (
     TENSOR_BYTES,
     add_replica,
     db_value,
+    hostile_gguf,
     service_body,
     service_events,
 )
@@ -118,6 +120,87 @@ def test_an_unreadable_header_falls_back_to_the_file_size(services_api: RunningA
     assert estimate["weights_bytes"] == len(FILES["notes.gguf"])
     # Below the LFS threshold the source gives a git blob id, no sha256.
     assert service["template"]["artifact"]["sha256"] is None
+
+
+HOSTILE_HEADERS = {
+    # Tensors of 2^64 elements a side: their bytes past any integer the wire carries.
+    "huge.gguf": hostile_gguf({"general.architecture": "llama"}, (2**64 - 1,) * 4),
+    # A negative layer count: the KV cache would come out negative.
+    "negative.gguf": hostile_gguf(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": -5,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+        }
+    ),
+    # An architecture name as long as the summary keeps: the estimate's detail overflows.
+    "named.gguf": hostile_gguf({"general.architecture": "a" * 256}),
+    # A trained context of 2^63 tokens, which a profile's ctx_size 0 takes as its own.
+    "context.gguf": hostile_gguf(
+        {
+            "general.architecture": "llama",
+            "llama.context_length": 2**63,
+            "llama.block_count": 32,
+            "llama.embedding_length": 4096,
+            "llama.attention.head_count": 32,
+        }
+    ),
+}
+
+
+def test_a_header_claiming_absurd_sizes_is_estimated_from_the_file_size(
+    services_api: RunningApi, hub: HubServer
+) -> None:
+    """The header comes from an untrusted source: values no model has (sizes past what
+    the wire carries, negative counts, a long name) are a header we cannot use, so the
+    estimate is the file's size, as for one we cannot read (was a 500)."""
+    api = services_api
+    hub.state.add("acme/hostile", "main", COMMIT, HOSTILE_HEADERS)
+    with api.client() as client:
+        profile = create_profile(client, api, ctx_size=0)
+        for path, data in HOSTILE_HEADERS.items():
+            body = service_body(profile["id"], name=path.removesuffix(".gguf"))
+            body["artifact"] = {"repository": "acme/hostile", "path": path}
+            service = ok(create(client, api, body), 201)
+            estimate = service["template"]["estimate"]
+            assert estimate["source"] == "file_size", path
+            assert estimate["weights_bytes"] == len(data)
+
+
+def test_a_source_claiming_an_absurd_file_size_is_refused(
+    services_api: RunningApi, hub: HubServer
+) -> None:
+    """A file of 2^53 - 1 bytes (8 PiB) per the source's tree: no estimate of it fits the
+    wire's integers, and no device holds it; its header (not a GGUF) gives no other
+    figure. 502 source_invalid (was a 500)."""
+    api = services_api
+    entry = {"type": "file", "path": "notes.gguf", "size": 2**53 - 1, "oid": "0" * 40}
+    hub.state.raw_answers[f"/api/models/{REPO}/tree/{COMMIT}"] = json.dumps([entry]).encode()
+    with api.client() as client:
+        profile = create_profile(client, api)
+        body = service_body(profile["id"], path="notes.gguf")
+        refused(create(client, api, body), 502, "source_invalid")
+        assert ok(client.get(SERVICES, headers=api.admin_headers))["items"] == []
+
+
+def test_a_slow_source_costs_the_header_timeout_not_the_file(
+    api_factory: ApiFactory, hub: HubServer
+) -> None:
+    """A source that trickles the file (every chunk inside the socket's timeout) is given
+    model_header_timeout_s for a read, as the setting says, then the estimate is the
+    file's size: before, a create waited for the whole prefix (here about 25 s)."""
+    padded = FILES["model.gguf"] + b"\0" * (200 * 1024)
+    hub.state.add(REPO, "main", COMMIT, {"model.gguf": padded})
+    hub.state.throttle["model.gguf"] = 8 * 1024  # a 16 KiB chunk each 2 s
+    api = api_factory(artifact_source_url=hub.url, model_header_timeout_s=3.0)
+    with api.client() as client:
+        profile = create_profile(client, api)
+        started = time.monotonic()
+        service = ok(create(client, api, service_body(profile["id"])), 201)
+        took = time.monotonic() - started
+    assert service["template"]["estimate"]["source"] == "file_size"
+    assert took < 3.0 * 2 + 3, took
 
 
 def test_refusals_are_typed(

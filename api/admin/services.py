@@ -11,6 +11,7 @@ file's size, so a service is created from a source that serves no ranges too."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Annotated
 
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.deps import AdminTransaction, State
-from api.errors import error_responses
+from api.errors import BadGateway, error_responses
 from api.manifests import Unresolvable
 from api.state import ApiState
 from schemas.admin import PageLimit
@@ -46,6 +47,7 @@ from store.services import rules as services
 from store.services.estimate import estimate
 
 router = APIRouter()
+logger = logging.getLogger("modelforge.api.admin.services")
 MISSING = error_responses(404)
 MISSING_OR_CONFLICT = error_responses(404, 409)
 # 502 and 503: a source that answers what we do not read, or cannot be reached.
@@ -190,7 +192,27 @@ async def _estimate(
     # None when the header cannot be read (the source serves no ranges, not a GGUF):
     # the estimate is the file's size then.
     summary = await state.model_headers.summary(artifact.repository, artifact.commit, artifact.path)
-    return estimate(summary, artifact.size_bytes, settings)
+    if summary is not None:
+        try:
+            return estimate(summary, artifact.size_bytes, settings)
+        except ValueError as exc:
+            # The header is the source's, untrusted: values no model has (a tensor of
+            # 2^64 elements a side, a negative layer count, a trained context of 2^63)
+            # give an estimate the wire cannot carry. A header we cannot use, then.
+            logger.warning(
+                "GGUF header of %s@%s:%s gives no estimate: %s",
+                artifact.repository,
+                artifact.commit,
+                artifact.path,
+                type(exc).__name__,
+            )
+    try:
+        return estimate(None, artifact.size_bytes, settings)
+    except ValueError:
+        # A file the source says is petabytes (its size past what an estimate carries).
+        raise BadGateway(
+            f"the artifact source claims a file of {artifact.size_bytes} bytes, past any device"
+        ) from None
 
 
 def _literal(path: str) -> str:
