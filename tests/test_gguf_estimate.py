@@ -7,10 +7,12 @@ built byte by byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -269,3 +271,25 @@ async def test_redirects_are_followed_and_the_token_stays_home(
     sent = dict(hub.state.authorizations)
     assert sent[hub.url.removeprefix("http://")] == "Bearer secret-token"
     assert sent[cdn.removeprefix("http://")] == ""
+
+
+@fast
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"block_count": -5}, id="negative layers"),
+        pytest.param({"context_length": 2**63}, id="a 2^63-token context"),
+        pytest.param({"architecture": "a" * 256}, id="a long architecture"),
+        pytest.param({"tensor_bytes": 2**300}, id="tensors past any device"),
+        pytest.param({"embedding_length": 1 << 40, "head_count": 1}, id="a 2^40 width"),
+    ],
+)
+def test_a_header_no_model_has_is_estimated_from_the_file_size(
+    tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """The header comes from an untrusted source: values no model has give the file's
+    size, as a header that cannot be read does, never an error."""
+    summary = dataclasses.replace(parse_header(write_gguf(tmp_path / "m.gguf")), **changes)
+    need = estimate(summary, 5 * GiB, LlamaSettings(ctx_size=0))
+    assert (need.source, need.weights_bytes) == ("file_size", 5 * GiB)
+    assert "unusable" in need.detail or "wire" in need.detail

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import gguf
 
+from schemas.base import SAFE_INT_MAX
 from schemas.runtime import LlamaSettings
 from schemas.services import MemoryEstimate
 
@@ -308,24 +309,60 @@ def _parallel(settings: LlamaSettings) -> int:
     return DEFAULT_PARALLEL
 
 
+# A header's values past these are not a model's (the header comes from an untrusted
+# source): such a header is one we cannot use, and the estimate is the file's size.
+PLAUSIBLE: Final = {
+    "block_count": 16_384,
+    "embedding_length": 1 << 20,
+    "head_count": 1 << 16,
+    "head_count_kv": 1 << 16,
+    "key_length": 1 << 16,
+    "value_length": 1 << 16,
+    "context_length": 1 << 27,
+    "vocab_size": 1 << 26,
+}
+MAX_ARCHITECTURE: Final = 64
+
+
+def implausible(summary: GgufSummary) -> str | None:
+    """Why the summary's values are not a model's, or None."""
+    for name, bound in PLAUSIBLE.items():
+        value = getattr(summary, name)
+        if value is not None and not 0 <= value <= bound:
+            return f"{name} {value} is not a model's"
+    if summary.architecture is not None and len(summary.architecture) > MAX_ARCHITECTURE:
+        return "the architecture's name is not a model's"
+    if not 0 <= summary.tensor_bytes <= SAFE_INT_MAX:
+        return "the tensors' size is past any device"
+    return None
+
+
+def _from_file_size(file_size: int, parallel: int, why: str) -> MemoryEstimate:
+    overhead = max(UNKNOWN_OVERHEAD_FLOOR, file_size // 4)
+    kv, compute = overhead // 2, overhead - overhead // 2
+    return MemoryEstimate(
+        weights_bytes=file_size,
+        kv_cache_bytes=kv,
+        compute_bytes=compute,
+        total_bytes=file_size + overhead,
+        source="file_size",
+        parallel=parallel,
+        detail=f"{why}: the file's size for the weights, a quarter of it (at least 1 GiB)"
+        " for the KV cache and compute buffers"[:300],
+    )
+
+
 def estimate(
     summary: GgufSummary | None, file_size: int, settings: LlamaSettings
 ) -> MemoryEstimate:
-    """What one replica needs on its device, in bytes."""
+    """What one replica needs on its device, in bytes: from the header's summary, or
+    from the file's size when there is none or its values are not a model's (or its
+    figures would pass what the wire carries)."""
     parallel = _parallel(settings)
     if summary is None:
-        overhead = max(UNKNOWN_OVERHEAD_FLOOR, file_size // 4)
-        kv, compute = overhead // 2, overhead - overhead // 2
-        return MemoryEstimate(
-            weights_bytes=file_size,
-            kv_cache_bytes=kv,
-            compute_bytes=compute,
-            total_bytes=file_size + overhead,
-            source="file_size",
-            parallel=parallel,
-            detail="the GGUF header could not be read: the file's size for the weights,"
-            " a quarter of it (at least 1 GiB) for the KV cache and compute buffers",
-        )
+        return _from_file_size(file_size, parallel, "the GGUF header could not be read")
+    if (why := implausible(summary)) is not None:
+        return _from_file_size(file_size, parallel, f"the GGUF header is unusable ({why})")
     n_ctx = _context(summary, settings)
     layers = summary.block_count or 0
     heads = summary.head_count or 0
@@ -350,6 +387,10 @@ def estimate(
     if settings.flash_attn is False:
         compute += ubatch * n_ctx * heads * 4
     weights = summary.tensor_bytes
+    if weights + kv + compute > SAFE_INT_MAX:
+        return _from_file_size(
+            file_size, parallel, "the GGUF header's figures pass what the wire carries"
+        )
     return MemoryEstimate(
         weights_bytes=weights,
         kv_cache_bytes=kv,
@@ -359,7 +400,7 @@ def estimate(
         context_size=n_ctx,
         parallel=parallel,
         detail=f"{summary.architecture or 'unknown'}: {layers} layers, {heads_kv} KV heads,"
-        f" context {n_ctx} shared by {parallel} slot(s), micro-batch {ubatch}",
+        f" context {n_ctx} shared by {parallel} slot(s), micro-batch {ubatch}"[:300],
     )
 
 
