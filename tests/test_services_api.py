@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 
 from schemas.protocol import SERVICES
 from tests.admin_helpers import audit, ok, refused
+from tests.agent.harness import wait_until
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import enroll, released_together
 from tests.hub_server import HubServer
@@ -377,6 +379,45 @@ def test_scale_rollout_undo_and_delete_each_one_event(services_api: RunningApi) 
     assert sorted(e["action"] for e in audited) == sorted(
         ["service.created"] + ["service.changed"] * 6
     )
+
+
+def test_a_rollout_built_on_a_template_changed_meanwhile_is_refused(
+    services_api: RunningApi, hub: HubServer
+) -> None:
+    """A rollout's template is the current one with what the body names, built before
+    the row's lock (the source is asked in between). Another rollout committed meanwhile
+    would be silently undone by it (a lost update: here its max_concurrent); it is
+    refused 409 instead, and the operator retries on the new template."""
+    api = services_api
+    slow = FILES["model.gguf"] + b"\0" * (64 * 1024)
+    hub.state.add(REPO, "v3", "3" * 40, {"slow.gguf": slow})
+    hub.state.throttle["slow.gguf"] = 16 * 1024  # a 16 KiB chunk a second: ~4 s
+    with api.client() as client, ThreadPoolExecutor(1) as pool:
+        profile = create_profile(client, api)
+        service_id = ok(create(client, api, service_body(profile["id"])), 201)["id"]
+        artifact = {"repository": REPO, "revision": "v3", "path": "slow.gguf"}
+
+        def artifact_rollout() -> httpx.Response:
+            with api.client() as other:
+                return act(other, api, service_id, "rollout", artifact=artifact)
+
+        slowly = pool.submit(artifact_rollout)
+        # It has read the template and asks the source for the new file's header.
+        wait_until(lambda: any(path == "slow.gguf" for path, _ in hub.state.ranges), 20)
+        assert not slowly.done()
+        ok(act(client, api, service_id, "rollout", max_concurrent=8))
+        stale = slowly.result(timeout=60)
+        refused(stale, 409, "state_conflict")
+        current = get(client, api, service_id)
+        assert current["generation"] == 2
+        assert current["template"]["max_concurrent"] == 8
+        assert current["template"]["artifact"]["commit"] == COMMIT
+        # On the new template the same rollout goes through, keeping max_concurrent.
+        hub.state.throttle.pop("slow.gguf")
+        rolled = ok(act(client, api, service_id, "rollout", artifact=artifact))
+        assert rolled["generation"] == 3
+        assert rolled["template"]["max_concurrent"] == 8
+        assert rolled["template"]["artifact"]["path"] == "slow.gguf"
 
 
 def test_autoscale_clamps_an_operators_count(services_api: RunningApi) -> None:

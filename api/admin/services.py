@@ -114,9 +114,12 @@ async def roll_out_service(
     """A new template from what the body names (the rest kept), replacing replicas one
     at a time. A new revision is resolved again; the estimate is made again when the
     artifact or the profile changes. 409 unless active, or when the template would run
-    what the current one runs (e.g. a revision that still resolves to the same commit)."""
-    template = await _next_template(state, service_id, body)
-    service = await services.rollout(session, service_id, template, actor=OPERATOR_ACTOR)
+    what the current one runs (e.g. a revision that still resolves to the same commit),
+    or when another rollout or an undo committed while this one asked the source."""
+    template, based_on = await _next_template(state, service_id, body)
+    service = await services.rollout(
+        session, service_id, template, actor=OPERATOR_ACTOR, based_on=based_on
+    )
     return await services.detail(session, service)
 
 
@@ -222,10 +225,11 @@ def _literal(path: str) -> str:
 
 async def _next_template(
     state: ApiState, service_id: uuid.UUID, body: ServiceRollout
-) -> ServiceTemplate:
-    """What the rollout would run: the current template with what the body names."""
+) -> tuple[ServiceTemplate, int]:
+    """What the rollout would run: the current template with what the body names; and
+    the generation it was read at (the rollout is refused if it moved meanwhile)."""
     async with state.sessions() as read:
-        current = await _current(read, service_id)
+        current, generation = await _current(read, service_id)
         profile_id = body.profile_id or current.profile_id
         profile, settings = await services.admitted_profile(read, profile_id)
         environment_id = current.environment_id
@@ -248,10 +252,10 @@ async def _next_template(
         template = template.model_copy(
             update={"estimate": await _estimate(state, artifact, settings)}
         )
-    return template
+    return template, generation
 
 
-async def _current(session: AsyncSession, service_id: uuid.UUID) -> ServiceTemplate:
+async def _current(session: AsyncSession, service_id: uuid.UUID) -> tuple[ServiceTemplate, int]:
     service = await services.get(session, service_id)
     services.require_active(service)
-    return ServiceTemplate.model_validate(service.template)
+    return ServiceTemplate.model_validate(service.template), service.generation

@@ -190,11 +190,26 @@ async def scale(
 
 
 async def rollout(
-    session: AsyncSession, service_id: uuid.UUID, template: ServiceTemplate, *, actor: str
+    session: AsyncSession,
+    service_id: uuid.UUID,
+    template: ServiceTemplate,
+    *,
+    actor: str,
+    based_on: int | None = None,
 ) -> Service:
     """A new template, rolled out one replica at a time by the reconciler. 409 when it
-    would run what the current one runs."""
+    would run what the current one runs, or when `based_on` (the generation whose
+    template the new one was built from, before this lock: the API asks the source in
+    between) is no longer the current one: another rollout or an undo committed since,
+    and this template would silently revert what it changed."""
     service = await _active(session, service_id)
+    if based_on is not None and service.generation != based_on:
+        raise Conflict(
+            f"the service's template changed since this rollout read it (generation"
+            f" {based_on}, now {service.generation}); retry on the current one",
+            code=ErrorCode.STATE_CONFLICT,
+            extra={"generation": service.generation},
+        )
     current = ServiceTemplate.model_validate(service.template)
     if _runs(current) == _runs(template):
         raise Conflict(
