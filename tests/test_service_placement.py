@@ -21,7 +21,7 @@ from schemas.services import MemoryEstimate, PlacementReason, ServiceTemplate
 from store.deployments.tables import Deployment
 from store.models import Job, Node, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
-from store.services import placement
+from store.services import judgment, placement
 from store.services.estimate import GiB
 from store.services.placement import decide
 from store.services.snapshot import FleetCache
@@ -593,7 +593,7 @@ async def test_a_snapshot_updated_from_the_last_decides_as_one_taken_afresh(
     rng = random.Random(32)
     ids = [
         fleet.node(devices=[device(f"gpu:{g}", free=rng.randrange(0, 81) * GiB) for g in range(2)])
-        for _ in range(placement.TOP + 60)
+        for _ in range(judgment.TOP + 60)
     ]
     service = fleet.service(need=20 * GiB, max_per_node=2)
     other = fleet.service()
