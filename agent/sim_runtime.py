@@ -382,6 +382,10 @@ class SimRuntime:
             }
             return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
+        # A token's event is this chunk with its text in place of the marker: built once,
+        # so a token costs a bytes join, not a JSON encoding (thousands of streams share
+        # the simulator's core).
+        head, tail = chunk({"content": "\x00"}).split(b"\\u0000")
         interval = 1.0 / self.options.tokens_per_s
         start = time.monotonic()
         yield chunk({"role": "assistant", "content": ""})
@@ -396,7 +400,7 @@ class SimRuntime:
                 yield STREAM_FAILED
                 return
             self.counters.tokens += 1
-            yield chunk({"content": f"tok{i} "})
+            yield b"%stok%d %s" % (head, i, tail)
         yield chunk({}, "length" if tokens == invoke.params.max_tokens else "stop")
         if invoke.params.include_usage:
             usage = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": tokens + 8}
