@@ -21,6 +21,7 @@ from api.docs import install_docs
 from api.event_fanout import event_fanout
 from api.gateway.cache import database_routes, gateway_cache
 from api.gateway.limits import ClientLimits
+from api.gateway.measurements import gateway_measurements
 from api.gateway.relay import invoke_relay
 from api.gateway.routes import router as gateway_router
 from api.handlers import install_exception_handlers
@@ -109,6 +110,9 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                 invoke_relay(
                     settings.nats_url, delivery_timeout_s=settings.gateway_delivery_timeout_s
                 ) as invokes,
+                gateway_measurements(
+                    sessions, invokes.id, settings.gateway_measure_interval_s
+                ) as measurements,
                 heartbeat_buffer(
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
@@ -145,6 +149,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     invokes=invokes,
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
+                    measurements=measurements,
                     telemetry=telemetry,
                     returns=returns,
                     events=events,

@@ -103,6 +103,10 @@ class ApiSettings(LeaseSettings):
     gateway_cooldown_s: float = Field(default=10.0, ge=0)
     # A token bound for a request that names none.
     gateway_default_max_tokens: int = Field(default=512, ge=1, le=8192)
+    # How often this process writes its measurements per served model (autoscale's
+    # input, api/gateway/measurements.py): well inside the read side's staleness bound
+    # (store/services/measurements.py: FRESH_S, 30 s).
+    gateway_measure_interval_s: float = Field(default=5.0, gt=0, le=10)
 
     @property
     def gap_s(self) -> float:

@@ -11,6 +11,7 @@ from api.broker_link import BrokerLink
 from api.event_fanout import EventFanout
 from api.gateway.cache import GatewayCache
 from api.gateway.limits import ClientLimits
+from api.gateway.measurements import GatewayMeasurements
 from api.gateway.relay import InvokeRelay
 from api.heartbeat_buffer import HeartbeatBuffer
 from api.held_streams import HeldStreams
@@ -45,6 +46,8 @@ class ApiState:
     invokes: InvokeRelay
     client_limits: ClientLimits
     gateway_cache: GatewayCache
+    # The gateway's measurements per served model, written for autoscale.
+    measurements: GatewayMeasurements
     telemetry: TelemetryBatcher
     # Heartbeats of nodes the cache does not hold, group-committed (api/return_batch.py).
     returns: ReturnBatcher

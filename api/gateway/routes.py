@@ -200,12 +200,18 @@ class _Call:
         self.settings = state.settings
         self.stream = body.stream
         self.invoke_id = uuid.uuid4()
+        # The served model the invoke went to (its first route's), once routes are known:
+        # what its measurements count under (api/gateway/measurements.py).
+        self.model: str | None = None
+        self.measured = state.measurements
         # Done once the client has left (http.disconnect); watched by every wait before
         # the response is handed back.
         self.gone: asyncio.Future[None] | None = None
 
     def _outcome(self, outcome: str) -> None:
         self.state.metrics.invokes.labels(outcome, str(self.stream).lower()).inc()
+        if self.model is not None and outcome not in ("ok", "client_left"):
+            self.measured.failed(self.model)
 
     async def _routes(self) -> list[Choice]:
         # The cache's routes when it has some (a stale one costs a try at most); its
@@ -262,6 +268,19 @@ class _Call:
 
     async def _answer(self) -> Response:
         choices = await self._routes()
+        model = self.model = choices[0].route.model
+        self.measured.began(model)
+        handed_over = False
+        try:
+            response = await self._relayed(choices)
+            handed_over = isinstance(response, _RelayedStream)
+            return response
+        finally:
+            # A relayed stream ends its count when it closes (_Ending.close).
+            if not handed_over:
+                self.measured.ended(model)
+
+    async def _relayed(self, choices: list[Choice]) -> Response:
         params = _params(self.body, self.state)
         route = choices[0].route
         pending = self.relay.expect(self.invoke_id, route.node_id, route.deployment_id)
@@ -454,6 +473,8 @@ class _Call:
             self._cool_down(choice, reason or "ended_before_first_token")
             self.state.metrics.invoke_attempts.labels("timeout").inc()
             return "lost"
+        if self.model is not None:
+            self.measured.first_token(self.model, time.perf_counter() - self.arrived)
         ending = _Ending(self, pending, choice)
         return _RelayedStream(
             self._relay_stream(pending, choice, first, ending),
@@ -503,6 +524,8 @@ class _Ending:
         finally:
             relay.forget(self.pending)
             relay.in_flight[self.route.deployment_id] -= 1
+            if self.call.model is not None:
+                self.call.measured.ended(self.call.model)
 
 
 def _stream_error(code: ErrorCode, message: str) -> bytes:

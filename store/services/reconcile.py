@@ -6,7 +6,8 @@ once, one of them moves a given service, the others pass it by), and then:
 * follows each live replica after its artifact job and deployment (store/services/
   replicas.py: follow);
 * deleting: drains every replica, and marks the service deleted when none is live;
-* autoscale: moves the desired count on the ready replicas' queue depth;
+* autoscale: moves the desired count on the gateway's measurements (in flight and time
+  to first token, store/services/measurements.py) and the nodes' queue depth;
 * heals and scales: a replica unavailable past the heal grace no longer counts, so a
   replacement is placed; fewer counted than desired places more (store/services/
   placement.py: decide, a receipt each), more drains the surplus, never cut;
@@ -42,7 +43,7 @@ from schemas.services import (
 from store import nodes
 from store.deployments.tables import Deployment
 from store.models import Job, Node
-from store.services import placement
+from store.services import measurements, placement
 from store.services import replicas as steps
 from store.services.replicas import ServicePolicy
 from store.services.tables import Service, ServiceReplica
@@ -240,10 +241,21 @@ async def _delete(step: Step) -> None:
 
 
 async def _autoscale(step: Step) -> None:
-    """On the gateway's own measure: the invokes in flight or queued that the runtime
-    workers report per deployment, summed over the ready replicas. Up above the target
-    per replica, down only below half of it (hysteresis), never within the cooldown of
-    the last change (an operator's scale included), between min and max."""
+    """On the gateway's own measurements (store/services/measurements.py) and the
+    runtime workers' reports, per ready replica:
+
+    * the queue: the invokes the API processes have in flight for the service's name
+      (summed over their fresh rows), or the invokes in flight or queued that the
+      runtime workers report for the ready deployments if that is more. Both count the
+      same invokes from either end, so they are not added: the gateway's is fresher
+      (written every few seconds, waiting for a first token included), the nodes' holds
+      invokes of gateways whose rows are stale;
+    * the time to first token: the p90 of the API processes' recent streams (their p90s
+      weighted by their samples), when `target_ttft_s` is set.
+
+    Up when either is above its target, down only when both are below half of it
+    (hysteresis; no time known counts as below), never within the cooldown of the last
+    change (an operator's scale included), between min and max."""
     service = step.service
     if service.autoscale is None:
         return
@@ -261,14 +273,19 @@ async def _autoscale(step: Step) -> None:
     depths = await step.session.execute(
         select(Deployment.queue_depth).where(Deployment.id.in_(ready))
     )
-    queued = sum(depth or 0 for depth in depths.scalars())
+    reported = sum(depth or 0 for depth in depths.scalars())
+    gateway = await measurements.read(step.session, service.name)
+    queued = max(reported, gateway.in_flight)
     per = queued / len(ready)
     target = bounds.target_queue_per_replica
+    ttft, ttft_target = gateway.ttft_p90_s, bounds.target_ttft_s
+    slow = ttft_target is not None and ttft is not None and ttft > ttft_target
+    quick = ttft_target is None or ttft is None or ttft < ttft_target / 2
     current = service.replicas
     wanted = current
-    if per > target:
+    if per > target or slow:
         wanted = max(current + 1, math.ceil(queued / target))
-    elif per < target / 2:
+    elif per < target / 2 and quick:
         wanted = min(current - 1, math.ceil(queued / target))
     wanted = max(bounds.min_replicas, min(bounds.max_replicas, wanted))
     if wanted == current:
@@ -276,9 +293,14 @@ async def _autoscale(step: Step) -> None:
     service.replicas = wanted
     service.scaled_at = service.updated_at = step.now
     reason = (
-        f"queue {queued} over {len(ready)} ready (per replica {per:.2f}, target {target:g},"
-        f" down below {target / 2:g}): {current} -> {wanted}"
+        f"queue {queued} over {len(ready)} ready (gateway {gateway.in_flight} in flight"
+        f" from {gateway.rows} API processes, nodes {reported}; per replica {per:.2f},"
+        f" target {target:g}, down below {target / 2:g})"
     )
+    if ttft_target is not None:
+        known = f"{ttft:.3f} s of {gateway.ttft_count} streams" if ttft is not None else "unknown"
+        reason += f"; ttft p90 {known} (target {ttft_target:g} s, down below {ttft_target / 2:g} s)"
+    reason += f": {current} -> {wanted}"
     steps.record(step.session, service, "autoscaled", actor=step.actor, reason=reason)
     step.done.append(f"autoscaled {current} -> {wanted}")
 

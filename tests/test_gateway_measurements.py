@@ -1,0 +1,218 @@
+"""The gateway's measurements per served model (api/gateway/measurements.py, store/
+services/measurements.py) against the real API and PostgreSQL, the test speaking for
+the deployment's node over the protocol: streams relayed through the gateway show in
+its row (in flight while unanswered, the time to first token of a node that answers
+slowly), two API processes' rows add up and a stopped one's go, a stale row stops
+counting and is pruned."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from schemas.protocol import GATEWAY_CHAT_COMPLETIONS
+from store.services import measurements
+from store.services.measurements import GatewayMeasurement, Measured, Window
+from tests.api_server import ApiFactory, RunningApi
+from tests.deployment_flows import (
+    DeployedNode,
+    HeldChannel,
+    answer_invoke,
+    ready_deployment,
+    runtime_channel,
+    service_client,
+)
+
+CHAT = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "stream": True}  # fmt: skip
+CHUNKS = [b'data: {"choices":[{"delta":{"content":"ok"}}]}\n\n', b"data: [DONE]\n\n"]
+# The node's prefill, as the test plays it: its first chunk comes this late.
+PREFILL_S = 0.5
+INTERVAL_S = 0.2
+STALE_S = measurements.FRESH_S + 1
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(6) as executor:
+        yield executor
+
+
+def gateway(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(gateway_first_token_timeout_s=10, gateway_measure_interval_s=INTERVAL_S)
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not reached in {timeout_s} s: {what} (last: {last!r})")
+
+
+async def measured(sessions: async_sessionmaker[AsyncSession], model: str = "smol") -> Measured:
+    async with sessions() as session:
+        return await measurements.read(session, model)
+
+
+def stream(api: RunningApi, secret: str) -> float:
+    """A streamed call read to its end: the seconds from sending to its first line."""
+    sent = time.monotonic()
+    first: float | None = None
+    with (
+        httpx.Client(base_url=api.base_url, timeout=30) as client,
+        client.stream("POST", GATEWAY_CHAT_COMPLETIONS, json=CHAT,
+                      headers={"Authorization": f"Bearer {secret}"}) as response,
+    ):  # fmt: skip
+        assert response.status_code == 200, response.read()
+        lines = []
+        for line in response.iter_lines():
+            if line and first is None:
+                first = time.monotonic() - sent
+            if line:
+                lines.append(line)
+    assert lines[-1] == "data: [DONE]", lines
+    assert first is not None
+    return first
+
+
+def slowly() -> Iterator[bytes]:
+    time.sleep(PREFILL_S)  # the node's prefill: what the time to first token measures
+    yield from CHUNKS
+
+
+def answer(api: RunningApi, node: DeployedNode, invoke: dict[str, Any]) -> None:
+    sent = answer_invoke(api, node.node, invoke, slowly(), content_type="text/event-stream")
+    assert sent.status_code == 200, sent.text
+
+
+async def next_invoke(channel: HeldChannel) -> dict[str, Any]:
+    return await asyncio.to_thread(channel.next_invoke)
+
+
+async def test_streams_relayed_show_in_flight_then_their_time_to_first_token(
+    api_factory: ApiFactory,
+    sessions: async_sessionmaker[AsyncSession],
+    pool: ThreadPoolExecutor,
+) -> None:
+    api = gateway(api_factory)
+    with api.client() as client:
+        deployed = ready_deployment(client, api)
+        secret = service_client(client, api)
+    with runtime_channel(api, deployed.node) as channel:
+        calls: list[Future[float]] = [pool.submit(stream, api, secret)]
+        invokes = [await next_invoke(channel)]
+
+        # The model's first row is the window its first invoke began in.
+        async def written() -> Measured | None:
+            now = await measured(sessions)
+            return now if now.rows else None
+
+        first = await until(written, "the model's first row")
+        assert (first.rows, first.in_flight, first.started, first.errors) == (1, 1, 1, 0)
+        assert first.ttft_count == 0 and first.ttft_p90_s is None
+        calls.append(pool.submit(stream, api, secret))
+        invokes.append(await next_invoke(channel))
+
+        async def both() -> Measured | None:
+            now = await measured(sessions)
+            return now if now.in_flight == 2 else None
+
+        await until(both, "two streams in flight, neither answered")
+        answers = [pool.submit(answer, api, deployed, invoke) for invoke in invokes]
+        for done in answers:
+            done.result(20)
+        seen = [call.result(20) for call in calls]
+
+    async def answered() -> Measured | None:
+        now = await measured(sessions)
+        return now if now.in_flight == 0 and now.ttft_count == 2 else None
+
+    after = await until(answered, "both streams ended, their times to first token written")
+    assert after.rows == 1 and after.errors == 0
+    # From the gateway's arrival to the first chunk: at least the node's prefill, at most
+    # what the slower client saw from sending to its first line.
+    assert after.ttft_p90_s is not None
+    assert PREFILL_S <= after.ttft_p90_s <= max(seen), (after, seen)
+
+
+async def test_two_api_processes_add_up_and_a_stopped_one_no_longer_counts(
+    api_factory: ApiFactory,
+    sessions: async_sessionmaker[AsyncSession],
+    pool: ThreadPoolExecutor,
+) -> None:
+    one, two = gateway(api_factory), gateway(api_factory)
+    with one.client() as client:
+        deployed = ready_deployment(client, one)
+        secret = service_client(client, one)
+    # The node's channel is held on the first; the second's invoke reaches it over NATS.
+    with runtime_channel(one, deployed.node) as channel:
+        calls = [pool.submit(stream, api, secret) for api in (one, two)]
+        invokes = [await next_invoke(channel), await next_invoke(channel)]
+
+        async def both() -> Measured | None:
+            now = await measured(sessions)
+            return now if (now.rows, now.in_flight) == (2, 2) else None
+
+        await until(both, "one stream in flight on each API process, two rows")
+        by_gateway = {one.state.invokes.id: one, two.state.invokes.id: two}
+        answers = [
+            pool.submit(answer, by_gateway[invoke["gateway"]], deployed, invoke)
+            for invoke in invokes
+        ]
+        for done in answers:
+            done.result(20)
+        for call in calls:
+            assert call.result(20) >= PREFILL_S
+
+    async def answered() -> Measured | None:
+        now = await measured(sessions)
+        return now if now.in_flight == 0 and now.ttft_count == 2 else None
+
+    await until(answered, "both ended, one time to first token from each process")
+    await asyncio.to_thread(two.stop)
+    after = await measured(sessions)
+    assert after.rows == 1 and after.ttft_count == 1
+
+
+async def test_a_stale_row_stops_counting_and_is_pruned(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    def window(in_flight: int, p90: float) -> Window:
+        return Window(model="smol", window_s=5.0, in_flight=in_flight, started=in_flight,
+                      errors=0, ttft_count=10, ttft_p50_s=p90 / 2, ttft_p90_s=p90)  # fmt: skip
+
+    async with sessions() as session, session.begin():
+        await measurements.write(session, "live", [window(2, 1.0)])
+        await measurements.write(session, "dead", [window(40, 9.0)])
+    assert (await measured(sessions)).in_flight == 42
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(GatewayMeasurement)
+            .where(GatewayMeasurement.instance == "dead")
+            .values(window_end=GatewayMeasurement.window_end - timedelta(seconds=STALE_S))
+        )
+    fresh = await measured(sessions)
+    assert (fresh.rows, fresh.in_flight, fresh.ttft_count, fresh.ttft_p90_s) == (1, 2, 10, 1.0)
+    # An overwrite keeps one row per (model, process).
+    async with sessions() as session, session.begin():
+        await measurements.write(session, "live", [window(3, 2.0)])
+    assert (await measured(sessions)).in_flight == 3
+    async with sessions() as session, session.begin():
+        pruned = await measurements.prune(session, older_than_s=measurements.FRESH_S)
+    assert pruned == 1
+    async with sessions() as session:
+        left = await measurements.read(session, "smol", fresh_s=86_400)
+    assert left.rows == 1
