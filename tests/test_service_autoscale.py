@@ -1,0 +1,153 @@
+"""Autoscale on the gateway's own measurements (store/services/reconcile.py: _autoscale,
+store/services/measurements.py) against the real API and PostgreSQL, the test speaking
+for the nodes and writing the API processes' measurement rows as they do: up when the
+time to first token is over its target, held between half and the target (hysteresis)
+and within the cooldown, down once it and the queue are below half, the gateway's in
+flight summed over API processes, and a stale row counting for nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from schemas.services import Autoscale
+from store.models import OutboxEvent
+from store.services import measurements
+from store.services.measurements import GatewayMeasurement, Window
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import THRESHOLDS
+from tests.runtime_flows import create_profile
+from tests.service_flows import (
+    change,
+    create_service,
+    replicas,
+    service_node,
+    service_row,
+    step,
+)
+
+
+@pytest.fixture
+def service_api(api_factory: ApiFactory) -> RunningApi:
+    return api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        job_retry_base_s=0.1,
+    )
+
+
+async def gateway_says(
+    sessions: async_sessionmaker[AsyncSession],
+    instance: str,
+    *,
+    in_flight: int = 0,
+    ttft_p90_s: float | None = None,
+) -> None:
+    """An API process's row for the service's name, as its flush writes it."""
+    count = 20 if ttft_p90_s is not None else 0
+    window = Window(model="smol", window_s=5.0, in_flight=in_flight, started=count, errors=0,
+                    ttft_count=count, ttft_p50_s=ttft_p90_s, ttft_p90_s=ttft_p90_s)  # fmt: skip
+    async with sessions() as session, session.begin():
+        await measurements.write(session, instance, [window])
+
+
+async def stale(sessions: async_sessionmaker[AsyncSession], instance: str) -> None:
+    """The process stopped writing past the read side's bound."""
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(GatewayMeasurement)
+            .where(GatewayMeasurement.instance == instance)
+            .values(
+                window_end=GatewayMeasurement.window_end
+                - timedelta(seconds=measurements.FRESH_S + 1)
+            )
+        )
+
+
+async def autoscaled(sessions: async_sessionmaker[AsyncSession]) -> list[dict[str, Any]]:
+    async with sessions() as session:
+        rows = await session.execute(
+            select(OutboxEvent.envelope)
+            .where(
+                OutboxEvent.envelope["action"].astext == "service.changed",
+                OutboxEvent.envelope["data"]["action"].astext == "autoscaled",
+            )
+            .order_by(OutboxEvent.position)
+        )
+        return [dict(row) for row in rows.scalars()]
+
+
+async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
+        profile = create_profile(client, api)
+    bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
+                       target_ttft_s=1.0, cooldown_s=3600)  # fmt: skip
+    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    await step(sessions)
+    [first] = await replicas(sessions, service_id)
+    [busy] = [node for node in nodes if node.node_id == first.node_id]
+
+    def load() -> None:
+        with api.client() as client:
+            busy.load(client)
+
+    await asyncio.to_thread(load)
+    await step(sessions)
+    assert [r.phase for r in await replicas(sessions, service_id)] == ["ready"]
+
+    async def desired() -> int:
+        await step(sessions)
+        return (await service_row(sessions, service_id)).replicas
+
+    # A process gone quiet, slow and busy when it last wrote: it counts for nothing.
+    await gateway_says(sessions, "gone", in_flight=50, ttft_p90_s=9.0)
+    await stale(sessions, "gone")
+    assert await desired() == 1 and await autoscaled(sessions) == []
+
+    # Streams wait 2 s for their first token, target 1 s: one more, the queue empty.
+    await gateway_says(sessions, "api-1", ttft_p90_s=2.0)
+    assert await desired() == 2
+    [up] = await autoscaled(sessions)
+    reason = up["data"]["reason"]
+    assert "ttft p90 2.000 s of 20 streams (target 1 s, down below 0.5 s)" in reason, reason
+    assert "queue 0 over 1 ready" in reason and reason.endswith(": 1 -> 2"), reason
+    assert len(await replicas(sessions, service_id)) == 2
+    # Still slow, within the cooldown: no change.
+    assert await desired() == 2
+
+    # Past the cooldown, between half the target and the target: held, sweep after sweep.
+    scaled_at = (await service_row(sessions, service_id)).scaled_at
+    assert scaled_at is not None
+    await change(sessions, service_id, scaled_at=scaled_at - timedelta(hours=2))
+    await gateway_says(sessions, "api-1", ttft_p90_s=0.8)
+    assert [await desired() for _ in range(3)] == [2, 2, 2]
+    # Quick now, but 1 in flight on the one ready replica is not below half of 2: held.
+    await gateway_says(sessions, "api-1", in_flight=1, ttft_p90_s=0.3)
+    assert await desired() == 2
+    # Both below half: down to the minimum.
+    await gateway_says(sessions, "api-1", in_flight=0, ttft_p90_s=0.3)
+    assert await desired() == 1
+    down = (await autoscaled(sessions))[-1]["data"]["reason"]
+    assert "ttft p90 0.300 s" in down and down.endswith(": 2 -> 1"), down
+
+    # The gateway's queue alone, over two API processes (3 + 2 in flight, no time to
+    # first token known), the nodes reporting none: ceil(5 / 2) = 3.
+    scaled_at = (await service_row(sessions, service_id)).scaled_at
+    assert scaled_at is not None
+    await change(sessions, service_id, scaled_at=scaled_at - timedelta(hours=2))
+    await gateway_says(sessions, "api-1", in_flight=3)
+    await gateway_says(sessions, "api-2", in_flight=2)
+    assert await desired() == 3
+    again = (await autoscaled(sessions))[-1]["data"]["reason"]
+    assert "queue 5 over 1 ready (gateway 5 in flight from 2 API processes, nodes 0" in again
+    assert "ttft p90 unknown" in again and again.endswith(": 1 -> 3"), again
+    assert len(await autoscaled(sessions)) == 3
