@@ -2,7 +2,8 @@
 through the real protocol against a real API, PostgreSQL and NATS. The test is the
 operator and the client only: an artifact acquired on a simulated node, an operator
 deployment that becomes ready on it, a chat completion through the gateway that
-streams the simulated tokens, and a drain that lets an in-flight stream finish."""
+streams the simulated tokens, a drain that lets an in-flight stream finish, and one
+whose deadline cuts a stream (its error event, counted cut)."""
 
 from __future__ import annotations
 
@@ -230,7 +231,37 @@ def test_simulated_runtime_serves_a_deployment_streams_tokens_and_drains(
         wait_until(
             lambda: not node_runtime(client, api, node_id)["deployments"], 20, "the unload reported"
         )
+
+        # A drain whose deadline passes: a 200-token stream (10 s) is cut after 1 s, and
+        # ends with the error event a real unload's cut ends with.
+        again = create_deployment(client, api, {**body, "device_id": "gpu:0"})["id"]
+        wait_for_deployment(api, again, "ready", 30)
+        cut: list[bytes] = []
+        begun = threading.Event()
+
+        def read_cut() -> None:
+            for line in chat(api, secret, max_tokens=200):
+                cut.append(line)
+                if tokens_of([line]):
+                    begun.set()
+
+        reader = threading.Thread(target=read_cut)
+        reader.start()
+        assert begun.wait(20), cut
+        drained = client.post(
+            f"{DEPLOYMENTS}/{again}/drain", json={"deadline_s": 1}, headers=api.admin_headers
+        )
+        assert drained.status_code == 200, drained.text
+        reader.join(30)
+        assert not reader.is_alive()
+        assert 0 < len(tokens_of(cut)) < 200, cut[-3:]
+        assert any(b"upstream_unavailable" in line for line in cut), cut[-3:]
+        wait_for_deployment(api, again, "unloaded", 20)
+        jobs = ok(client.get(f"{DEPLOYMENTS}/{again}/jobs", headers=api.admin_headers))
+        [drain] = [j for j in jobs["items"] if j["kind"] == "deployment.drain.v1"]
+        assert drain["result"]["finished"] == 0 and drain["result"]["cut"] == 1, drain
     output = "".join(sim.lines)
     assert sim.process.returncode == 0, output
     assert re.search(r"errors: 0\b", output), output
-    assert re.search(r"runtime: [1-9][0-9]* reports, 1 acquisitions, 1 loads", output), output
+    assert re.search(r"runtime: [1-9][0-9]* reports, 1 acquisitions, 2 loads", output), output
+    assert "1 cut by a drain" in output, output
