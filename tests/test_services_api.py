@@ -381,6 +381,44 @@ def test_scale_rollout_undo_and_delete_each_one_event(services_api: RunningApi) 
     )
 
 
+def test_after_a_stopped_rollout_the_previous_template_stays_the_serving_one(
+    services_api: RunningApi,
+) -> None:
+    """A rollout stopped (its new replica failed): the old replicas keep serving. A
+    second rollout then must not make the failed template the 'previous' one: the
+    reconciler replaces a lost replica with the previous template while a rollout is
+    stopped, and an undo goes back to it, so both would bring back the template that
+    never served. The previous one stays the serving one; an undo relabels its
+    replicas."""
+    api = services_api
+    with api.client() as client:
+        profile = create_profile(client, api)
+        node = enroll(client, api)
+        service_id = ok(create(client, api, service_body(profile["id"])), 201)["id"]
+        serving = add_replica(api, service_id, node.node_id, "gpu0", generation=1, phase="ready")
+        ok(act(client, api, service_id, "rollout", max_concurrent=8))
+        # Its new replica failed: the reconciler stopped the rollout.
+        db_value(
+            api,
+            "UPDATE services SET rollout_state = 'stopped' WHERE id = $1 RETURNING id",
+            uuid.UUID(service_id),
+        )
+        fixed = ok(act(client, api, service_id, "rollout", max_concurrent=16))
+        assert fixed["generation"] == 3
+        assert (
+            db_value(
+                api, "SELECT previous_generation FROM services WHERE id = $1", uuid.UUID(service_id)
+            )
+            == 1
+        )
+        undone = ok(act(client, api, service_id, "rollout/undo"))
+        assert undone["generation"] == 4
+        assert undone["template"]["max_concurrent"] == 4
+        [replica] = undone["items"]
+        assert replica["id"] == serving and replica["generation"] == 4
+        assert undone["rollout"]["updated_ready"] == 1 and undone["rollout"]["outdated"] == 0
+
+
 def test_a_rollout_built_on_a_template_changed_meanwhile_is_refused(
     services_api: RunningApi, hub: HubServer
 ) -> None:

@@ -14,7 +14,9 @@ Semantics the reconciler relies on:
   generation moves only when what a replica runs changes;
 * a rollout or an undo sets `previous_template`/`previous_generation` to the current
   ones, moves `generation` by one and sets the rollout `progressing` (reason "rollout"
-  or "undo"); the reconciler marks it complete (or stopped);
+  or "undo"); the reconciler marks it complete (or stopped). A rollout from a stopped
+  one keeps the previous ones: the stopped template never served, the previous one
+  still does;
 * an undo swaps back to `previous_template` and relabels the live replicas of
   `previous_generation` with the new generation (they already run it, nothing is
   replaced); 409 without a previous template;
@@ -218,7 +220,11 @@ async def rollout(
             code=ErrorCode.STATE_CONFLICT,
             extra={"generation": service.generation},
         )
-    await _next_generation(session, service, template, "rollout", actor=actor)
+    # A stopped rollout's template never served (its new replica failed; the previous
+    # generation's replicas still do): it must not become the previous one, which the
+    # reconciler heals with while a rollout is stopped and an undo goes back to.
+    keep = service.rollout_state == RolloutState.STOPPED and service.previous_template is not None
+    await _next_generation(session, service, template, "rollout", actor=actor, keep_previous=keep)
     return service
 
 
@@ -421,10 +427,12 @@ async def _next_generation(
     reason: str,
     *,
     actor: str,
+    keep_previous: bool = False,
 ) -> None:
     now = await nodes.now(session)
-    service.previous_template = service.template
-    service.previous_generation = service.generation
+    if not keep_previous:
+        service.previous_template = service.template
+        service.previous_generation = service.generation
     service.template = template.model_dump(mode="json")
     service.generation += 1
     service.rollout_state = RolloutState.PROGRESSING.value
