@@ -3,7 +3,8 @@ services/measurements.py) against the real API and PostgreSQL, the test speaking
 the deployment's node over the protocol: streams relayed through the gateway show in
 its row (in flight while unanswered, the time to first token of a node that answers
 slowly), two API processes' rows add up and a stopped one's go, a stale row stops
-counting and is pruned."""
+counting and is pruned; and the window a flush writes (failures, an idle model written
+once more, times to first token older than the window dropped)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.gateway.measurements import TTFT_WINDOW_S, GatewayMeasurements
 from schemas.protocol import GATEWAY_CHAT_COMPLETIONS
 from store.services import measurements
 from store.services.measurements import GatewayMeasurement, Measured, Window
@@ -216,3 +218,37 @@ async def test_a_stale_row_stops_counting_and_is_pruned(
     async with sessions() as session:
         left = await measurements.read(session, "smol", fresh_s=86_400)
     assert left.rows == 1
+
+
+@pytest.mark.fast
+def test_a_window_counts_failures_writes_an_idle_model_once_and_drops_old_times() -> None:
+    """The window itself (no database: it is what each flush writes)."""
+    measured = GatewayMeasurements(None, "api-1", INTERVAL_S)  # type: ignore[arg-type]
+    measured.began("smol")
+    measured.failed("smol")
+    measured.ended("smol")
+    for seconds in (0.1, 0.2, 0.3, 0.4, 1.0):
+        measured.began("big")
+        measured.first_token("big", seconds)
+    [big, smol] = measured.window()
+    assert (smol.model, smol.in_flight, smol.started, smol.errors) == ("smol", 0, 1, 1)
+    assert smol.ttft_count == 0 and smol.ttft_p90_s is None
+    assert (big.model, big.in_flight, big.started, big.errors) == ("big", 5, 5, 0)
+    assert (big.ttft_count, big.ttft_p50_s, big.ttft_p90_s) == (5, 0.3, 1.0)
+    # Idle since: written once more (its in flight reads 0 at once), then no more.
+    [big, smol] = measured.window()
+    assert (smol.started, smol.errors, smol.in_flight) == (0, 0, 0)
+    assert (big.started, big.in_flight, big.ttft_count) == (0, 5, 5)
+    [big] = measured.window()
+    assert big.model == "big"
+    # Times older than the window no longer count; the streams still in flight do.
+    samples = measured._ttft["big"]
+    old = [(at - TTFT_WINDOW_S - 1, seconds) for at, seconds in samples]
+    samples.clear()
+    samples.extend(old)
+    [big] = measured.window()
+    assert (big.in_flight, big.ttft_count, big.ttft_p90_s) == (5, 0, None)
+    for _ in range(5):
+        measured.ended("big")
+    assert [w.in_flight for w in measured.window()] == [0]
+    assert measured.window() == []
