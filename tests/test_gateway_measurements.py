@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.gateway.measurements import TTFT_WINDOW_S, GatewayMeasurements
-from schemas.protocol import GATEWAY_CHAT_COMPLETIONS
 from store.services import measurements
 from store.services.measurements import GatewayMeasurement, Measured, Window
 from tests.api_server import ApiFactory, RunningApi
@@ -33,10 +31,8 @@ from tests.deployment_flows import (
     runtime_channel,
     service_client,
 )
+from tests.measurement_flows import CHUNKS, measured, stream, until
 
-CHAT = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-        "stream": True}  # fmt: skip
-CHUNKS = [b'data: {"choices":[{"delta":{"content":"ok"}}]}\n\n', b"data: [DONE]\n\n"]
 # The node's prefill, as the test plays it: its first chunk comes this late.
 PREFILL_S = 0.5
 INTERVAL_S = 0.2
@@ -51,43 +47,6 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 def gateway(api_factory: ApiFactory) -> RunningApi:
     return api_factory(gateway_first_token_timeout_s=10, gateway_measure_interval_s=INTERVAL_S)
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not reached in {timeout_s} s: {what} (last: {last!r})")
-
-
-async def measured(sessions: async_sessionmaker[AsyncSession], model: str = "smol") -> Measured:
-    async with sessions() as session:
-        return await measurements.read(session, model)
-
-
-def stream(api: RunningApi, secret: str) -> float:
-    """A streamed call read to its end: the seconds from sending to its first line."""
-    sent = time.monotonic()
-    first: float | None = None
-    with (
-        httpx.Client(base_url=api.base_url, timeout=30) as client,
-        client.stream("POST", GATEWAY_CHAT_COMPLETIONS, json=CHAT,
-                      headers={"Authorization": f"Bearer {secret}"}) as response,
-    ):  # fmt: skip
-        assert response.status_code == 200, response.read()
-        lines = []
-        for line in response.iter_lines():
-            if line and first is None:
-                first = time.monotonic() - sent
-            if line:
-                lines.append(line)
-    assert lines[-1] == "data: [DONE]", lines
-    assert first is not None
-    return first
 
 
 def slowly() -> Iterator[bytes]:

@@ -3,11 +3,14 @@ store/services/measurements.py) against the real API and PostgreSQL, the test sp
 for the nodes and writing the API processes' measurement rows as they do: up when the
 time to first token is over its target, held between half and the target (hysteresis)
 and within the cooldown, down once it and the queue are below half, the gateway's in
-flight summed over API processes, and a stale row counting for nothing."""
+flight summed over API processes, and a stale row counting for nothing; and end to end,
+streams waiting at a real API's gateway scaling the service up through its own row."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +23,9 @@ from store.models import OutboxEvent
 from store.services import measurements
 from store.services.measurements import GatewayMeasurement, Window
 from tests.api_server import ApiFactory, RunningApi
+from tests.deployment_flows import answer_invoke, runtime_channel, service_client
 from tests.flows import THRESHOLDS
+from tests.measurement_flows import CHUNKS, measured, stream, until
 from tests.runtime_flows import create_profile
 from tests.service_flows import (
     change,
@@ -82,6 +87,12 @@ async def autoscaled(sessions: async_sessionmaker[AsyncSession]) -> list[dict[st
         return [dict(row) for row in rows.scalars()]
 
 
+async def sweep(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> int:
+    """One pass of the workers' sweeps; the service's desired count after it."""
+    await step(sessions)
+    return (await service_row(sessions, service_id)).replicas
+
+
 async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
@@ -105,8 +116,7 @@ async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
     assert [r.phase for r in await replicas(sessions, service_id)] == ["ready"]
 
     async def desired() -> int:
-        await step(sessions)
-        return (await service_row(sessions, service_id)).replicas
+        return await sweep(sessions, service_id)
 
     # A process gone quiet, slow and busy when it last wrote: it counts for nothing.
     await gateway_says(sessions, "gone", in_flight=50, ttft_p90_s=9.0)
@@ -151,3 +161,54 @@ async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
     assert "queue 5 over 1 ready (gateway 5 in flight from 2 API processes, nodes 0" in again
     assert "ttft p90 unknown" in again and again.endswith(": 1 -> 3"), again
     assert len(await autoscaled(sessions)) == 3
+
+
+async def test_streams_waiting_at_the_gateway_scale_the_service_up(
+    api_factory: ApiFactory, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """End to end: the API's own row (no row written by the test), from two streams
+    relayed through its gateway that the node has not answered yet."""
+    api = api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        gateway_first_token_timeout_s=20,
+        gateway_measure_interval_s=0.2,
+    )
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
+        profile = create_profile(client, api)
+        secret = service_client(client, api)
+    bounds = Autoscale(min_replicas=1, max_replicas=2, target_queue_per_replica=1.0,
+                       cooldown_s=0)  # fmt: skip
+    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    await step(sessions)
+    [first] = await replicas(sessions, service_id)
+    [busy] = [node for node in nodes if node.node_id == first.node_id]
+
+    def load() -> None:
+        with api.client() as client:
+            busy.load(client)
+
+    await asyncio.to_thread(load)
+    assert await sweep(sessions, service_id) == 1
+    with (
+        ThreadPoolExecutor(2) as pool,
+        runtime_channel(api, busy.node) as channel,
+    ):
+        calls = [pool.submit(stream, api, secret) for _ in range(2)]
+        invokes = [await asyncio.to_thread(channel.next_invoke) for _ in calls]
+
+        async def queued() -> bool:
+            return (await measured(sessions)).in_flight == 2
+
+        await until(queued, "two streams in flight in the API's row")
+        # 2 in flight over 1 ready replica, target 1: up to 2.
+        assert await sweep(sessions, service_id) == 2
+        for invoke in invokes:
+            sent = answer_invoke(api, busy.node, invoke, CHUNKS, content_type="text/event-stream")
+            assert sent.status_code == 200, sent.text
+        for call in calls:
+            call.result(20)
+    [up] = await autoscaled(sessions)
+    reason = up["data"]["reason"]
+    assert "queue 2 over 1 ready (gateway 2 in flight from 1 API processes" in reason, reason
