@@ -67,12 +67,12 @@ class ModelHeaders:
         try:
             data = await self._read(url, 0, min(FIRST_BYTES, self._max_bytes))
             try:
-                return parse_header(data)
+                return await _parsed(data)
             except HeaderTruncated:
                 if len(data) >= self._max_bytes or len(data) < min(FIRST_BYTES, self._max_bytes):
                     raise  # the whole file, or all we may read, and still no header
             data += await self._read(url, len(data), self._max_bytes - len(data))
-            return parse_header(data)
+            return await _parsed(data)
         except HeaderUnreadable as exc:
             logger.warning("no GGUF header for %s: %s", where, exc)
         except (_Unreachable, httpx.HTTPError) as exc:
@@ -107,6 +107,13 @@ class ModelHeaders:
                 skip = start if response.status_code == 200 else 0
                 return await _prefix(response, skip, count)
         raise _Unreachable(f"redirected more than {MAX_REDIRECTS} times")
+
+
+async def _parsed(data: bytes) -> GgufSummary:
+    """parse_header off the event loop: within its bounds a hostile header (millions of
+    strings or tensors in 32 MiB) still takes seconds of CPU, which on the loop would
+    stall every request this API process serves meanwhile."""
+    return await asyncio.to_thread(parse_header, data)
 
 
 async def _prefix(response: httpx.Response, skip: int, count: int) -> bytes:

@@ -7,16 +7,20 @@ with one event that reaches the audit log."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import struct
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import gguf
 import httpx
 import pytest
 
+from api.model_headers import ModelHeaders
 from schemas.protocol import SERVICES
 from tests.admin_helpers import audit, ok, refused
 from tests.agent.harness import wait_until
@@ -203,6 +207,48 @@ def test_a_slow_source_costs_the_header_timeout_not_the_file(
         took = time.monotonic() - started
     assert service["template"]["estimate"]["source"] == "file_size"
     assert took < 3.0 * 2 + 3, took
+
+
+def _tokenizer_of_empty_strings(count: int) -> bytes:
+    """A GGUF header whose tokenizer is `count` empty strings (8 bytes each, the most a
+    32 MiB prefix holds of anything the parser walks one by one)."""
+    key = b"tokenizer.ggml.tokens"
+    header = struct.pack("<IIQQ", gguf.GGUF_MAGIC, 3, 0, 1)
+    header += struct.pack("<Q", len(key)) + key
+    header += struct.pack("<IIQ", gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, count)
+    return header + b"\0" * 8 * count
+
+
+async def test_a_header_that_takes_seconds_to_walk_does_not_stall_the_api(
+    hub: HubServer,
+) -> None:
+    """Walking a hostile header within the bounds (four million strings in 32 MiB) takes
+    seconds of CPU; done on the event loop it stalled every request the API process
+    serves meanwhile (agents' heartbeats, the gateway's streams). It runs in a thread:
+    the loop keeps turning."""
+    data = _tokenizer_of_empty_strings(4_000_000)
+    hub.state.add(REPO, "main", COMMIT, {"model.gguf": data})
+    headers = ModelHeaders(hub.url, None, 30.0, 32 * 1024 * 1024)
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        summary = await headers.summary(REPO, COMMIT, "model.gguf")
+    finally:
+        done.set()
+        await ticking
+        await headers.close()
+    assert summary is not None and summary.vocab_size == 4_000_000
+    assert max(gaps) < 0.5, f"the event loop stalled {max(gaps):.2f} s"
 
 
 def test_refusals_are_typed(
