@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from schemas.protocol import DEPLOYMENTS, RUNTIME_PROFILES, SERVICES
+from schemas.protocol import ARTIFACT_JOBS, DEPLOYMENTS, RUNTIME_PROFILES, SERVICES
 from stack.embedded_nats import EmbeddedNats
 from tests.admin_helpers import ok
 from tests.agent.artifact_agent import StartAgent, start_agent
@@ -201,6 +201,9 @@ class ServiceFleet:
         jobs = admin(self.api, "GET", f"{DEPLOYMENTS}/{deployment_id}/jobs")
         items: list[dict[str, Any]] = jobs["items"]
         return items
+
+    def artifact_job(self, job_id: str) -> dict[str, Any]:
+        return admin(self.api, "GET", f"{ARTIFACT_JOBS}/{job_id}")
 
     def deployment(self, deployment_id: str) -> dict[str, Any]:
         return admin(self.api, "GET", f"{DEPLOYMENTS}/{deployment_id}")

@@ -19,6 +19,8 @@ What is asserted, precisely, over the whole run (between the phases too):
   `node_lost` event, which the client raises mid-iteration); their number is printed;
 * every replica that left (scaled down, replaced by the rollout, the surplus of the
   returned node) ended with a drain whose job reports 0 invokes cut;
+* each new replica's receipt names the node it went to, and where that node lacked the
+  model (the first replica's always) its artifact job brought it there before the load;
 * the replacement is ready, then serving, within a bound; both times are printed.
 
 Three nodes, not two: with two and two replicas (at most one per node) a replacement has
@@ -67,6 +69,17 @@ def deployments_of(detail: dict[str, Any]) -> dict[str, str]:
     return {r["id"]: r["deployment_id"] for r in detail["items"] if r["deployment_id"]}
 
 
+def placed_with_its_model(fleet: ServiceFleet, replica: dict[str, Any]) -> dict[str, Any]:
+    """The replica's receipt names the node it went to; where that node lacked the model,
+    the replica's artifact job brought it there (from the local Hub) before the load."""
+    receipt: dict[str, Any] = replica["receipt"]
+    assert receipt["outcome"] == "placed" and receipt["node_id"] == replica["node_id"], replica
+    if not receipt["holds_artifact"]:
+        job = fleet.artifact_job(replica["artifact_job_id"])
+        assert (job["state"], job["node_id"]) == ("succeeded", replica["node_id"]), job
+    return receipt
+
+
 def drained_without_a_cut(fleet: ServiceFleet, deployment_id: str) -> dict[str, Any]:
     """The replica's deployment once unloaded, and the result of the drain that ended it:
     it must report every invoke finished, none cut."""
@@ -106,12 +119,16 @@ def test_a_service_scales_rolls_out_and_heals_under_steady_load(
     phases: dict[str, tuple[float, float]] = {}
     try:
         [first_node] = ready_on(first)
+        # No node had the model: the first replica's node acquired it first.
+        assert not placed_with_its_model(fleet, first["items"][0])["holds_artifact"]
         wait_until(lambda: load.served_by(first_node, 0), 60, "the load served")
 
         # 1. 1 -> 2 -> 1: both replicas serve, then one drains without a cut.
         with load.phase("scale", phases):
             fleet.scale(service_id, 2)
             two = fleet.until_ready(service_id, 2, PLACED_S)
+            for replica in two["items"]:
+                placed_with_its_model(fleet, replica)
             since = time.monotonic()
             for node_id in ready_on(two):
                 wait_until(partial(load.served_by, node_id, since), 60, f"{node_id} serving")
@@ -130,6 +147,7 @@ def test_a_service_scales_rolls_out_and_heals_under_steady_load(
                 service_id, partial(rolled_out, generation), PLACED_S, "the rollout complete"
             )
         assert done["template"]["profile_id"] == larger
+        placed_with_its_model(fleet, done["items"][0])
         for deployment_id in old.values():
             drained_without_a_cut(fleet, deployment_id)
         no_failures(load, phases["rollout"], "the rollout")
@@ -152,6 +170,10 @@ def test_a_service_scales_rolls_out_and_heals_under_steady_load(
                 f"a replica ready on the spare node {spare.name} beside the survivor",
             )
             healed = time.monotonic()
+            replacement = next(
+                r for r in fleet.service(service_id)["items"] if r["node_id"] == spare.node_id
+            )
+            placed_with_its_model(fleet, replacement)
             wait_until(lambda: load.served_by(spare.node_id, healed), 60, "the spare serving")
             serving = time.monotonic()
         lost = {r["id"]: r["deployment_id"] for r in fleet.service(service_id)["items"]
