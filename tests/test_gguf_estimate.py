@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from api.model_headers import FIRST_BYTES, ModelHeaders
+from schemas.base import SAFE_INT_MAX
 from schemas.runtime import LlamaSettings
 from store.services.estimate import (
     COMPUTE_FLOOR,
@@ -293,3 +294,17 @@ def test_a_header_no_model_has_is_estimated_from_the_file_size(
     need = estimate(summary, 5 * GiB, LlamaSettings(ctx_size=0))
     assert (need.source, need.weights_bytes) == ("file_size", 5 * GiB)
     assert "unusable" in need.detail or "wire" in need.detail
+
+
+@fast
+def test_a_file_size_near_the_wire_bound_is_clamped_not_raised() -> None:
+    """A source may claim a file of up to 2^53 - 1 bytes: the file-size estimate adds
+    a quarter for the KV cache and compute, which would pass what the wire carries. The
+    estimate clamps every figure to the bound instead of raising (review R1)."""
+    for size in (SAFE_INT_MAX, SAFE_INT_MAX - 1, SAFE_INT_MAX // 10 * 9):
+        figure = estimate(None, size, LlamaSettings())
+        assert figure.total_bytes == SAFE_INT_MAX
+        assert figure.weights_bytes <= SAFE_INT_MAX
+        assert figure.source == "file_size"
+    below = estimate(None, 8 * GiB, LlamaSettings())
+    assert below.total_bytes == 10 * GiB

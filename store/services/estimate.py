@@ -338,13 +338,17 @@ def implausible(summary: GgufSummary) -> str | None:
 
 
 def _from_file_size(file_size: int, parallel: int, why: str) -> MemoryEstimate:
+    # A source's claimed size may be anything up to what the wire carries: every figure
+    # is clamped to that bound (such a need fits no device, and says so) rather than
+    # raising past it.
+    file_size = min(max(file_size, 0), SAFE_INT_MAX)
     overhead = max(UNKNOWN_OVERHEAD_FLOOR, file_size // 4)
     kv, compute = overhead // 2, overhead - overhead // 2
     return MemoryEstimate(
         weights_bytes=file_size,
         kv_cache_bytes=kv,
         compute_bytes=compute,
-        total_bytes=file_size + overhead,
+        total_bytes=min(file_size + overhead, SAFE_INT_MAX),
         source="file_size",
         parallel=parallel,
         detail=f"{why}: the file's size for the weights, a quarter of it (at least 1 GiB)"
