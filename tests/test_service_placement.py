@@ -634,3 +634,39 @@ async def test_a_snapshot_updated_from_the_last_decides_as_one_taken_afresh(
         incremental = await fleet.decide(service, kept)
         afresh = await fleet.decide(service, FleetCache(max_age_s=0, refuse_age_s=0))
         assert incremental == afresh
+
+
+async def test_evidence_past_its_device_or_the_estimate_or_from_a_gone_node_is_not_the_need(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One node's probe must not make a service unplaceable fleet-wide (review R1): a
+    figure is capped at the measuring device's total memory, one more than four times
+    the estimate is ignored (and logged), and a decommissioned node's is not counted."""
+    fit = fleet.node(devices=[device(free=30 * GiB, total=40 * GiB)])
+    env_id = fleet.environment(ENV, fit)
+    service = fleet.service(need=5 * GiB)
+    # Reported by a node whose gpu:0 has 8 GiB: at most 8 GiB, whatever it says.
+    small = fleet.node(devices=[device(free=1 * GiB, total=8 * GiB)], enabled=False)
+    fleet.evidence(small, env_id, vram_used_bytes=2**53 - 1)
+    await fleet.commit()
+    receipt = await fleet.decide(service)
+    assert receipt.node_id == fit, receipt.message
+    assert receipt.needs_bytes == placement.headroom(8 * GiB)
+
+    # A node without a runtime report (its device's total unknown): 2^53 - 1 is far
+    # more than four times the estimate, so it is ignored and the estimate stands.
+    unknown = fleet.node(runtime=False, enabled=False)
+    fleet.evidence(unknown, env_id, vram_used_bytes=2**53 - 1, peak_rss_bytes=2**53 - 1)
+    await fleet.commit()
+    with caplog.at_level("WARNING", logger="store.services.placement"):
+        receipt = await fleet.decide(service)
+    assert receipt.node_id == fit, receipt.message
+    assert receipt.needs_bytes == placement.headroom(8 * GiB)
+    assert any("ignored" in record.getMessage() for record in caplog.records)
+
+    # A decommissioned node's evidence is not counted at all.
+    gone = fleet.node(devices=[device(free=1 * GiB, total=16 * GiB)], decommissioned=True)
+    fleet.evidence(gone, env_id, vram_used_bytes=12 * GiB)
+    await fleet.commit()
+    receipt = await fleet.decide(service)
+    assert receipt.needs_bytes == placement.headroom(8 * GiB)

@@ -30,7 +30,10 @@ device id, so the decision is deterministic):
 
 The need is the template's estimate (store/services/estimate.py), replaced by the
 largest figure a probe measured for the same artifact digest and profile (VRAM used on
-a GPU, peak RSS on a CPU) when one exists, plus a headroom.
+a GPU, peak RSS on a CPU) when one exists, plus a headroom. A figure counts only from a
+node not decommissioned, capped at its device's total memory when the node reports it,
+and not at all when it is more than EVIDENCE_FACTOR times the estimate (logged): one
+node's report cannot make a service unplaceable fleet-wide.
 
 Speed (a decision over 10,000 nodes in well under 50 ms on two cores, measured by
 ops/bench/service_placement.py): the fleet's slowly changing part (nodes' columns, their
@@ -50,18 +53,20 @@ miss, for its age, a node that became a better choice.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import String, bindparam, text
+from sqlalchemy import Numeric, String, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.artifacts import DigestAlgorithm
+from schemas.base import SAFE_INT_MAX
 from schemas.deployments import ENDED_STATES
 from schemas.protocol import StreamName
 from schemas.runtime import LlamaSettings
@@ -88,6 +93,10 @@ from store.services.tables import Service
 # allocations vary by backend and version; a replica that does not fit fails its load).
 HEADROOM_FRACTION: Final = 0.10
 HEADROOM_FLOOR: Final = 256 * estimates.MiB
+# A probe's memory figure more than this many times the estimate is not believed.
+EVIDENCE_FACTOR: Final = 4
+
+_log = logging.getLogger(__name__)
 
 # What every placement changes, read fresh for each decision.
 _FRESH: Final = text(
@@ -107,6 +116,29 @@ ev AS (
     FROM runtime_evidence
     WHERE artifact_digest = :digest AND profile_id = :profile_id
     GROUP BY node_id, device_id
+),
+-- Each memory figure a probe measured, capped at its device's total memory when the
+-- node's runtime report names it; a decommissioned node's are not counted (review R1:
+-- one node's figure must not make the service unplaceable fleet-wide).
+measured AS (
+    SELECT (e.evidence->>'vram_used_bytes')::numeric AS vram,
+           (e.evidence->>'peak_rss_bytes')::numeric AS rss,
+           (SELECT (d->>'memory_total_bytes')::numeric
+            FROM node_streams s,
+                 jsonb_array_elements(CASE WHEN jsonb_typeof(s.good_payload->'devices') = 'array'
+                                      THEN s.good_payload->'devices' ELSE '[]'::jsonb END) AS d
+            WHERE s.node_id = e.node_id AND s.stream = :runtime_stream
+              AND d->>'device_id' = e.device_id
+              AND jsonb_typeof(d->'memory_total_bytes') = 'number'
+            LIMIT 1) AS total
+    FROM runtime_evidence e JOIN nodes n ON n.id = e.node_id
+    WHERE e.artifact_digest = :digest AND e.profile_id = :profile_id
+      AND n.decommissioned_at IS NULL
+),
+mem AS (
+    SELECT least(vram, coalesce(total, vram), :safe_max)::bigint AS vram,
+           least(rss, coalesce(total, rss), :safe_max)::bigint AS rss
+    FROM measured
 )
 SELECT
     (SELECT array_agg(node_id) FROM busy) AS busy_nodes,
@@ -120,10 +152,8 @@ SELECT
     (SELECT array_agg(device_id) FROM ev WHERE tps > 0) AS ev_devices,
     (SELECT array_agg(tps) FROM ev WHERE tps > 0) AS ev_tps,
     (SELECT binary_sha256 FROM runtime_environments WHERE id = :environment_id) AS binary,
-    (SELECT max((evidence->>'vram_used_bytes')::bigint) FROM runtime_evidence
-        WHERE artifact_digest = :digest AND profile_id = :profile_id) AS vram,
-    (SELECT max((evidence->>'peak_rss_bytes')::bigint) FROM runtime_evidence
-        WHERE artifact_digest = :digest AND profile_id = :profile_id) AS rss
+    (SELECT array_agg(vram) FROM mem WHERE vram IS NOT NULL) AS vram,
+    (SELECT array_agg(rss) FROM mem WHERE rss IS NOT NULL) AS rss
 """
 ).bindparams(
     bindparam("ended_states", type_=ARRAY(String)),
@@ -131,6 +161,7 @@ SELECT
     bindparam("profile_id", type_=UUID(as_uuid=True)),
     bindparam("environment_id", type_=UUID(as_uuid=True)),
     bindparam("file_match", type_=JSONB),
+    bindparam("safe_max", type_=Numeric()),
 )
 
 # The chosen node, as it is now.
@@ -179,19 +210,38 @@ class Need:
     estimate: MemoryEstimate
 
 
-def need(template: ServiceTemplate, vram: int | None, rss: int | None) -> Need:
+def need(template: ServiceTemplate, vram: Sequence[int] | None, rss: Sequence[int] | None) -> Need:
     """The template's estimate (or one from the file's size when it has none), refined by
     the largest figure measured by a probe of the same artifact digest and profile (VRAM
-    on a GPU, peak RSS on a CPU)."""
+    on a GPU, peak RSS on a CPU; each already capped at its device's total memory)."""
     base = template.estimate
     if base is None:
         base = estimates.estimate(None, template.artifact.size_bytes, LlamaSettings())
-    gpu = estimates.refine(base, vram)
+    gpu = estimates.refine(base, _plausible(base, vram or (), "vram_used_bytes"))
     return Need(
         gpu=headroom(gpu.total_bytes),
-        cpu=headroom(estimates.refine(base, rss).total_bytes),
+        cpu=headroom(
+            estimates.refine(base, _plausible(base, rss or (), "peak_rss_bytes")).total_bytes
+        ),
         estimate=gpu,
     )
+
+
+def _plausible(base: MemoryEstimate, figures: Sequence[int], name: str) -> int | None:
+    """The largest measured figure no more than EVIDENCE_FACTOR times the estimate; the
+    others are ignored (a node's report is not trusted that far), with a log line."""
+    bound = base.total_bytes * EVIDENCE_FACTOR
+    kept = [figure for figure in figures if figure <= bound]
+    if len(kept) < len(figures):
+        _log.warning(
+            "ignored %d %s figure(s) above %d times the estimate (%s; largest %s)",
+            len(figures) - len(kept),
+            name,
+            EVIDENCE_FACTOR,
+            estimates.gib(base.total_bytes),
+            estimates.gib(max(figures)),
+        )
+    return max(kept, default=None)
 
 
 # ------------------------------------------------------------------ the decision
@@ -220,6 +270,8 @@ async def decide(
                 "file_match": [
                     {"path": artifact.path, "digest": {"algorithm": DigestAlgorithm.SHA256}}
                 ],
+                "runtime_stream": StreamName.RUNTIME.value,
+                "safe_max": SAFE_INT_MAX,
             },
         )
     ).one()
