@@ -52,15 +52,15 @@ from schemas.services import (
     RolloutView,
     ServiceCreate,
     ServiceDetail,
-    ServiceEvent,
     ServiceState,
     ServiceTemplate,
     ServiceView,
     UpdateStrategy,
 )
-from store import changes, nodes, runtime
+from store import nodes, runtime
 from store.errors import Conflict, Missing
 from store.runtime_tables import RuntimeEnvironment, RuntimeProfile
+from store.services.replicas import record
 from store.services.tables import Service, ServiceReplica
 
 # First key of the advisory lock that admits one live service per name: "mfsv".
@@ -167,7 +167,7 @@ async def create(
         raise Conflict(
             f"a service named {request.name!r} exists already", code=ErrorCode.STATE_CONFLICT
         ) from None
-    _record(session, EventType.SERVICE_CREATED, service, "created", actor=actor)
+    record(session, service, "created", actor=actor, event_type=EventType.SERVICE_CREATED)
     return service
 
 
@@ -187,7 +187,7 @@ async def scale(
     service.updated_at = now
     # An operator's count starts autoscale's cooldown, so it is not undone at once.
     service.scaled_at = now
-    _record(session, EventType.SERVICE_CHANGED, service, "scaled", actor=actor)
+    record(session, service, "scaled", actor=actor)
     return service
 
 
@@ -260,7 +260,7 @@ async def delete(session: AsyncSession, service_id: uuid.UUID, *, actor: str) ->
         raise Conflict("the service is deleted", code=ErrorCode.STATE_CONFLICT)
     service.state = ServiceState.DELETING.value
     service.updated_at = await nodes.now(session)
-    _record(session, EventType.SERVICE_CHANGED, service, "deleting", actor=actor)
+    record(session, service, "deleting", actor=actor)
     return service
 
 
@@ -439,7 +439,7 @@ async def _next_generation(
     service.rollout_reason = reason
     service.rollout_started_at = now
     service.updated_at = now
-    _record(session, EventType.SERVICE_CHANGED, service, reason, actor=actor)
+    record(session, service, reason, actor=actor)
 
 
 async def _counts(
@@ -461,25 +461,3 @@ async def _counts(
     for service_id, generation, phase, count in rows:
         counts.setdefault(service_id, Counter())[(generation, phase)] = count
     return counts
-
-
-def _record(
-    session: AsyncSession,
-    event_type: EventType,
-    service: Service,
-    action: str,
-    *,
-    actor: str,
-) -> None:
-    changes.record(
-        session,
-        event_type,
-        ServiceEvent(
-            service_id=service.id,
-            name=service.name,
-            action=action,
-            replicas=service.replicas,
-            generation=service.generation,
-        ),
-        actor=actor,
-    )
