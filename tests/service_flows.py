@@ -6,7 +6,9 @@ the workers' sweeps (liveness, deployments, services) as they run them."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +26,11 @@ from schemas.services import (
     UpdateStrategy,
 )
 from store.liveness_sweep import sweep
+from store.models import OutboxEvent
 from store.services import rules
 from store.services.reconcile import ServicePolicy
 from store.services.tables import Service, ServiceReplica
-from tests.api_server import RunningApi
+from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import (
     COMMIT,
     FILES,
@@ -47,7 +50,7 @@ from tests.deployment_flows import (
     fail_deployment_job,
 )
 from tests.flows import NO_BREAKER, THRESHOLDS, EnrolledNode
-from tests.runtime_flows import ARTIFACT_SHA256, GGUF, acquire, report_runtime
+from tests.runtime_flows import ARTIFACT_SHA256, GGUF, acquire, create_profile, report_runtime
 from workers.deployments import reconcile as reconcile_deployments
 from workers.service_reconcile import reconcile as reconcile_services
 
@@ -156,6 +159,84 @@ def service_node(
     return ready
 
 
+def fleet(
+    api: RunningApi, count: int, *, holds: bool = True
+) -> tuple[list[ServiceNode], dict[str, Any]]:
+    """`count` service nodes (host-0, host-1, ...) and a runtime profile to serve on them."""
+    with api.client() as client:
+        nodes = [service_node(client, api, f"host-{i}", holds=holds) for i in range(count)]
+        return nodes, create_profile(client, api)
+
+
+def another_profile(api: RunningApi, name: str, **settings: Any) -> dict[str, Any]:
+    with api.client() as client:
+        return create_profile(client, api, name=name, **settings)
+
+
+def service_api(api_factory: ApiFactory, **settings: Any) -> RunningApi:
+    """An API on the tests' short liveness thresholds, so nodes go offline quickly."""
+    return api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        **settings,
+    )
+
+
+def on(nodes: list[ServiceNode], node_id: uuid.UUID) -> ServiceNode:
+    [found] = [node for node in nodes if node.node_id == node_id]
+    return found
+
+
+async def in_thread(api: RunningApi, act: Callable[[httpx.Client], Any]) -> Any:
+    """Run a node's protocol step (over a fresh client) off the event loop."""
+
+    def run() -> Any:
+        with api.client() as client:
+            return act(client)
+
+    return await asyncio.to_thread(run)
+
+
+async def load_all(api: RunningApi, nodes: list[ServiceNode]) -> None:
+    """Each node claims and completes the load the reconciler queued on it."""
+
+    def load(client: httpx.Client) -> None:
+        for node in nodes:
+            node.load(client)
+
+    await in_thread(api, load)
+
+
+async def made_ready(
+    sessions: async_sessionmaker[AsyncSession],
+    api: RunningApi,
+    nodes: list[ServiceNode],
+    service_id: uuid.UUID,
+) -> list[ServiceReplica]:
+    """A sweep places the service's replicas, each one's node loads it, and a sweep
+    sees them ready. The replicas as placed (phase loading)."""
+    await step(sessions)
+    placed = await replicas(sessions, service_id)
+    await load_all(api, [on(nodes, row.node_id) for row in placed])
+    await step(sessions)
+    return placed
+
+
+async def sweep_keeping_alive(
+    sessions: async_sessionmaker[AsyncSession], api: RunningApi, alive: list[ServiceNode]
+) -> dict[str, list[str]]:
+    """The live nodes beat; then the liveness sweep, the deployment and service
+    reconcilers run once."""
+
+    def beat_all(client: httpx.Client) -> None:
+        for node in alive:
+            node.beat(client)
+
+    await in_thread(api, beat_all)
+    await liveness(sessions)
+    return await step(sessions)
+
+
 def template(profile_id: str, **changes: Any) -> ServiceTemplate:
     base = ServiceTemplate(
         artifact=ARTIFACT,
@@ -195,29 +276,37 @@ async def create_service(
     return service.id
 
 
+async def _apply(
+    sessions: async_sessionmaker[AsyncSession],
+    rule: Callable[..., Awaitable[Any]],
+    service_id: uuid.UUID,
+    *args: Any,
+) -> None:
+    """One of the rules (store/services/rules.py) on the service, in its own transaction,
+    as the operator."""
+    async with sessions() as session, session.begin():
+        await rule(session, service_id, *args, actor=ACTOR)
+
+
 async def scale(
     sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, replicas: int
 ) -> None:
-    async with sessions() as session, session.begin():
-        await rules.scale(session, service_id, replicas, actor=ACTOR)
+    await _apply(sessions, rules.scale, service_id, replicas)
 
 
 async def delete(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
-    async with sessions() as session, session.begin():
-        await rules.delete(session, service_id, actor=ACTOR)
+    await _apply(sessions, rules.delete, service_id)
 
 
 async def roll_out(
     sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, new: ServiceTemplate
 ) -> None:
     """A new template through the rules: the generation moves, the rollout progresses."""
-    async with sessions() as session, session.begin():
-        await rules.rollout(session, service_id, new, actor=ACTOR)
+    await _apply(sessions, rules.rollout, service_id, new)
 
 
 async def undo(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
-    async with sessions() as session, session.begin():
-        await rules.undo(session, service_id, actor=ACTOR)
+    await _apply(sessions, rules.undo, service_id)
 
 
 async def change(
@@ -254,12 +343,44 @@ def phases(rows: list[ServiceReplica]) -> list[str]:
     return sorted(row.phase for row in rows)
 
 
+def ready_count(rows: list[ServiceReplica]) -> int:
+    return sum(1 for row in rows if row.phase == "ready")
+
+
+def nodes_of(rows: list[ServiceReplica]) -> set[uuid.UUID]:
+    return {row.node_id for row in rows}
+
+
+async def events(sessions: async_sessionmaker[AsyncSession], action: str) -> list[dict[str, Any]]:
+    """The outbox's events of one type (e.g. service.changed), oldest first."""
+    async with sessions() as session:
+        rows = await session.execute(
+            select(OutboxEvent.envelope)
+            .where(OutboxEvent.envelope["action"].astext == action)
+            .order_by(OutboxEvent.position)
+        )
+        return [dict(row) for row in rows.scalars()]
+
+
 async def step(
     sessions: async_sessionmaker[AsyncSession], policy: ServicePolicy = POLICY
 ) -> dict[str, list[str]]:
     """One pass of the deployment reconciler, then the service reconciler."""
     await reconcile_deployments(sessions, RECONCILE_POLICY)
     return await reconcile_services(sessions, policy)
+
+
+async def rollout_rounds(
+    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, most: int
+) -> AsyncIterator[list[ServiceReplica]]:
+    """While the service's rollout progresses (at most `most` rounds): a sweep, then the
+    live replicas it left, for the caller to check and act on as the nodes."""
+    rounds = 0
+    while (await service_row(sessions, service_id)).rollout_state == "progressing":
+        rounds += 1
+        assert rounds <= most, "the rollout did not finish"
+        await step(sessions)
+        yield await replicas(sessions, service_id)
 
 
 async def liveness(sessions: async_sessionmaker[AsyncSession]) -> None:

@@ -24,26 +24,24 @@ from store.services import measurements
 from store.services.measurements import GatewayMeasurement, Window
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import answer_invoke, runtime_channel, service_client
-from tests.flows import THRESHOLDS
 from tests.measurement_flows import CHUNKS, measured, stream, until
-from tests.runtime_flows import create_profile
 from tests.service_flows import (
     change,
     create_service,
+    fleet,
+    made_ready,
+    on,
+    phases,
     replicas,
-    service_node,
+    service_api,
     service_row,
     step,
 )
 
 
-@pytest.fixture
-def service_api(api_factory: ApiFactory) -> RunningApi:
-    return api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        job_retry_base_s=0.1,
-    )
+@pytest.fixture(name="service_api")
+def _service_api(api_factory: ApiFactory) -> RunningApi:
+    return service_api(api_factory, job_retry_base_s=0.1)
 
 
 async def gateway_says(
@@ -97,23 +95,12 @@ async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 3)
     bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
                        target_ttft_s=1.0, cooldown_s=3600)  # fmt: skip
     service_id = await create_service(sessions, profile["id"], autoscale=bounds)
-    await step(sessions)
-    [first] = await replicas(sessions, service_id)
-    [busy] = [node for node in nodes if node.node_id == first.node_id]
-
-    def load() -> None:
-        with api.client() as client:
-            busy.load(client)
-
-    await asyncio.to_thread(load)
-    await step(sessions)
-    assert [r.phase for r in await replicas(sessions, service_id)] == ["ready"]
+    await made_ready(sessions, api, nodes, service_id)
+    assert phases(await replicas(sessions, service_id)) == ["ready"]
 
     async def desired() -> int:
         return await sweep(sessions, service_id)
@@ -168,29 +155,16 @@ async def test_streams_waiting_at_the_gateway_scale_the_service_up(
 ) -> None:
     """End to end: the API's own row (no row written by the test), from two streams
     relayed through its gateway that the node has not answered yet."""
-    api = api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        gateway_first_token_timeout_s=20,
-        gateway_measure_interval_s=0.2,
-    )
+    api = service_api(api_factory, gateway_first_token_timeout_s=20, gateway_measure_interval_s=0.2)
+    nodes, profile = fleet(api, 2)
     with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
         secret = service_client(client, api)
     bounds = Autoscale(min_replicas=1, max_replicas=2, target_queue_per_replica=1.0,
                        cooldown_s=0)  # fmt: skip
     service_id = await create_service(sessions, profile["id"], autoscale=bounds)
-    await step(sessions)
-    [first] = await replicas(sessions, service_id)
-    [busy] = [node for node in nodes if node.node_id == first.node_id]
-
-    def load() -> None:
-        with api.client() as client:
-            busy.load(client)
-
-    await asyncio.to_thread(load)
-    assert await sweep(sessions, service_id) == 1
+    [first] = await made_ready(sessions, api, nodes, service_id)
+    busy = on(nodes, first.node_id)
+    assert (await service_row(sessions, service_id)).replicas == 1
     with (
         ThreadPoolExecutor(2) as pool,
         runtime_channel(api, busy.node) as channel,

@@ -9,9 +9,7 @@ with a cooldown, and several sweeps at once never placing more than desired."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,22 +26,32 @@ from store.services.replicas import back_off, forgive
 from store.services.tables import Service, ServiceReplica
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import RECONCILE_POLICY
-from tests.flows import THRESHOLDS
-from tests.runtime_flows import create_profile
+from tests.measurement_flows import until
 from tests.service_flows import (
     POLICY,
-    ServiceNode,
+    another_profile,
     change,
     create_service,
     delete,
+    events,
+    fleet,
+    in_thread,
     liveness,
+    load_all,
+    made_ready,
+    nodes_of,
+    on,
     phases,
+    ready_count,
     replicas,
     roll_out,
+    rollout_rounds,
     scale,
+    service_api,
     service_node,
     service_row,
     step,
+    sweep_keeping_alive,
     template,
     undo,
 )
@@ -52,61 +60,16 @@ from workers.deployments import reconcile as reconcile_deployments
 from workers.service_reconcile import reconcile as reconcile_services
 
 
-@pytest.fixture
-def service_api(api_factory: ApiFactory) -> RunningApi:
-    return api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        job_retry_base_s=0.1,
-    )
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
-    """Run `check` until it answers something truthy, or fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not reached in {timeout_s} s: {what}")
-
-
-def nodes_of(rows: list[ServiceReplica]) -> set[uuid.UUID]:
-    return {row.node_id for row in rows}
-
-
-async def events(sessions: async_sessionmaker[AsyncSession], action: str) -> list[dict[str, Any]]:
-    """The outbox's events of one type (e.g. service.changed), oldest first."""
-    async with sessions() as session:
-        rows = await session.execute(
-            select(OutboxEvent.envelope)
-            .where(OutboxEvent.envelope["action"].astext == action)
-            .order_by(OutboxEvent.position)
-        )
-        return [dict(row) for row in rows.scalars()]
-
-
-async def load_all(
-    sessions: async_sessionmaker[AsyncSession], api: RunningApi, nodes: list[ServiceNode]
-) -> None:
-    """Each node claims and completes the load the reconciler queued on it."""
-
-    def load() -> None:
-        with api.client() as client:
-            for node in nodes:
-                node.load(client)
-
-    await asyncio.to_thread(load)
+@pytest.fixture(name="service_api")
+def _service_api(api_factory: ApiFactory) -> RunningApi:
+    return service_api(api_factory, job_retry_base_s=0.1)
 
 
 async def test_replicas_spread_over_nodes_and_become_ready(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 3)
     service_id = await create_service(sessions, profile["id"], replicas=2)
     done = await step(sessions)
     placed = await replicas(sessions, service_id)
@@ -116,7 +79,7 @@ async def test_replicas_spread_over_nodes_and_become_ready(
     receipt = (await service_row(sessions, service_id)).last_receipt
     assert receipt is not None and receipt["outcome"] == "placed" and receipt["holds_artifact"]
     chosen = [node for node in nodes if node.node_id in nodes_of(placed)]
-    await load_all(sessions, api, chosen)
+    await load_all(api, chosen)
     await step(sessions)
     ready = await replicas(sessions, service_id)
     assert phases(ready) == ["ready", "ready"]
@@ -125,28 +88,11 @@ async def test_replicas_spread_over_nodes_and_become_ready(
     assert len(await replicas(sessions, service_id)) == 2
 
 
-def on(nodes: list[ServiceNode], node_id: uuid.UUID) -> ServiceNode:
-    [found] = [node for node in nodes if node.node_id == node_id]
-    return found
-
-
-async def in_thread(api: RunningApi, act: Callable[[Any], Any]) -> Any:
-    """Run a node's protocol step (over a fresh client) off the event loop."""
-
-    def run() -> Any:
-        with api.client() as client:
-            return act(client)
-
-    return await asyncio.to_thread(run)
-
-
 async def test_a_node_lacking_the_file_acquires_it_then_loads(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        node = service_node(client, api, "bare-host", holds=False)
-        profile = create_profile(client, api)
+    [node], profile = fleet(api, 1, holds=False)
     service_id = await create_service(sessions, profile["id"])
     await step(sessions)
     [replica] = await replicas(sessions, service_id)
@@ -171,9 +117,7 @@ async def test_a_failed_acquisition_moves_the_replica_with_a_backoff(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        bare = service_node(client, api, "bare-host", holds=False)
-        profile = create_profile(client, api)
+    [bare], profile = fleet(api, 1, holds=False)
     service_id = await create_service(sessions, profile["id"])
     await step(sessions)
     [replica] = await replicas(sessions, service_id)
@@ -197,9 +141,7 @@ async def test_a_failed_load_moves_the_replica_elsewhere_with_a_backoff(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 2)
     service_id = await create_service(sessions, profile["id"])
     await step(sessions)
     [first] = await replicas(sessions, service_id)
@@ -221,35 +163,15 @@ async def test_a_failed_load_moves_the_replica_elsewhere_with_a_backoff(
     assert phases(await replicas(sessions, service_id)) == ["ready"]
 
 
-async def sweep_keeping_alive(
-    sessions: async_sessionmaker[AsyncSession], api: RunningApi, alive: list[ServiceNode]
-) -> dict[str, list[str]]:
-    """The live nodes beat; then the liveness sweep, the deployment and service
-    reconcilers run once."""
-
-    def beat_all(client: Any) -> None:
-        for node in alive:
-            node.beat(client)
-
-    await in_thread(api, beat_all)
-    await liveness(sessions)
-    return await step(sessions)
-
-
 async def test_a_lost_replica_is_replaced_and_drained_when_its_node_returns(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 2)
     service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    [lost] = await replicas(sessions, service_id)
+    [lost] = await made_ready(sessions, api, nodes, service_id)
     lost_node = on(nodes, lost.node_id)
     other = next(node for node in nodes if node is not lost_node)
-    await in_thread(api, lost_node.load)
-    await step(sessions)
     assert phases(await replicas(sessions, service_id)) == ["ready"]
 
     # The node goes silent: offline, its deployment unavailable, then (past the heal
@@ -291,16 +213,11 @@ async def test_no_healing_while_the_partition_breaker_holds(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 2)
     service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    [lost] = await replicas(sessions, service_id)
+    [lost] = await made_ready(sessions, api, nodes, service_id)
     lost_node = on(nodes, lost.node_id)
     other = next(node for node in nodes if node is not lost_node)
-    await in_thread(api, lost_node.load)
-    await step(sessions)
 
     async def unavailable() -> bool:
         await in_thread(api, other.beat)
@@ -322,13 +239,9 @@ async def test_scale_down_drains_the_surplus(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 2)
     service_id = await create_service(sessions, profile["id"], replicas=2)
-    await step(sessions)
-    await load_all(sessions, api, nodes)
-    await step(sessions)
+    await made_ready(sessions, api, nodes, service_id)
     before = await replicas(sessions, service_id)
     assert phases(before) == ["ready", "ready"]
     await scale(sessions, service_id, 1)
@@ -350,13 +263,9 @@ async def test_delete_drains_every_replica_then_the_service_is_deleted(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 2)
     service_id = await create_service(sessions, profile["id"], replicas=2)
-    await step(sessions)
-    await load_all(sessions, api, nodes)
-    await step(sessions)
+    await made_ready(sessions, api, nodes, service_id)
     await delete(sessions, service_id)
     await step(sessions)
     assert phases(await replicas(sessions, service_id)) == ["draining", "draining"]
@@ -372,30 +281,16 @@ async def test_delete_drains_every_replica_then_the_service_is_deleted(
     assert await step(sessions) == {}
 
 
-def ready_count(rows: list[ServiceReplica]) -> int:
-    return sum(1 for row in rows if row.phase == "ready")
-
-
 async def test_a_rollout_replaces_one_replica_at_a_time(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
-        other = create_profile(client, api, name="roomier", ctx_size=1024)
+    nodes, profile = fleet(api, 3)
+    other = another_profile(api, name="roomier", ctx_size=1024)
     service_id = await create_service(sessions, profile["id"], replicas=2)
-    await step(sessions)
-    old = await replicas(sessions, service_id)
-    await load_all(sessions, api, [on(nodes, row.node_id) for row in old])
-    await step(sessions)
+    old = await made_ready(sessions, api, nodes, service_id)
     await roll_out(sessions, service_id, template(other["id"]))
-    rounds = 0
-    while (await service_row(sessions, service_id)).rollout_state == "progressing":
-        rounds += 1
-        assert rounds <= 6, "the rollout did not finish"
-        await step(sessions)
-        rows = await replicas(sessions, service_id)
+    async for rows in rollout_rounds(sessions, service_id, most=6):
         # Never fewer than desired ready (max_unavailable 0), never more than one
         # extra (max_surge 1) counting what does not drain.
         assert ready_count(rows) >= 2, phases(rows)
@@ -430,15 +325,10 @@ async def test_a_failed_new_replica_stops_the_rollout_and_the_old_one_keeps_serv
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
-        other = create_profile(client, api, name="broken")
+    nodes, profile = fleet(api, 3)
+    other = another_profile(api, name="broken")
     service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    [old] = await replicas(sessions, service_id)
-    await in_thread(api, on(nodes, old.node_id).load)
-    await step(sessions)
+    [old] = await made_ready(sessions, api, nodes, service_id)
     await roll_out(sessions, service_id, template(other["id"]))
     await step(sessions)
     [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
@@ -465,9 +355,7 @@ async def test_an_unplaceable_replica_is_one_event_until_the_reason_changes(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        service_node(client, api, "host-0")
-        profile = create_profile(client, api)
+    _, profile = fleet(api, 1)
     service_id = await create_service(sessions, profile["id"], replicas=2)
     for _ in range(4):
         await step(sessions)
@@ -496,17 +384,13 @@ async def test_autoscale_on_queue_depth_with_hysteresis_and_cooldown(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 3)
     bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
                        cooldown_s=3600)  # fmt: skip
     service_id = await create_service(sessions, profile["id"], autoscale=bounds)
-    await step(sessions)
-    [first] = await replicas(sessions, service_id)
+    [first] = await made_ready(sessions, api, nodes, service_id)
     busy = on(nodes, first.node_id)
-    deployment_id = await in_thread(api, busy.load)
-    await step(sessions)
+    deployment_id = str(first.deployment_id)
 
     async def queue(depth: int) -> None:
         busy.loaded[deployment_id] = depth
@@ -544,10 +428,7 @@ async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_devi
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        for i in range(5):
-            service_node(client, api, f"host-{i}")
-        profile = create_profile(client, api)
+    _, profile = fleet(api, 5)
     first = await create_service(sessions, profile["id"], name="first", replicas=3)
     second = await create_service(sessions, profile["id"], name="second", replicas=3)
     # Eight workers sweep at once, twice over: the two services want six devices and
@@ -577,9 +458,7 @@ async def test_worker_processes_run_the_service_sweep(
     processes at once: the service gets its replicas, exactly as many as desired."""
     workers.env["MODELFORGE_SERVICE_SWEEP_PERIOD_S"] = "0.3"
     api = workers.api(api_factory)
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
+    nodes, profile = fleet(api, 3)
     workers.start(2)
     service_id = await create_service(sessions, profile["id"], replicas=2)
 
@@ -606,22 +485,13 @@ async def test_a_rollout_on_a_full_fleet_makes_room_within_max_unavailable(
     """Every node holds a replica: with max_unavailable 1 an old replica drains first
     (one ready left), its device takes a new one, and so on; never below one ready."""
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(2)]
-        profile = create_profile(client, api)
-        other = create_profile(client, api, name="roomier", ctx_size=1024)
+    nodes, profile = fleet(api, 2)
+    other = another_profile(api, name="roomier", ctx_size=1024)
     strategy = UpdateStrategy(max_surge=1, max_unavailable=1, drain_deadline_s=5)
     service_id = await create_service(sessions, profile["id"], replicas=2, strategy=strategy)
-    await step(sessions)
-    await load_all(sessions, api, nodes)
-    await step(sessions)
+    await made_ready(sessions, api, nodes, service_id)
     await roll_out(sessions, service_id, template(other["id"]))
-    rounds = 0
-    while (await service_row(sessions, service_id)).rollout_state == "progressing":
-        rounds += 1
-        assert rounds <= 8, "the rollout did not finish"
-        await step(sessions)
-        rows = await replicas(sessions, service_id)
+    async for rows in rollout_rounds(sessions, service_id, most=8):
         assert ready_count(rows) >= 1, phases(rows)
         assert sum(1 for row in rows if row.phase == "draining") <= 1, phases(rows)
         for row in rows:
@@ -637,9 +507,7 @@ async def test_an_acquisition_on_a_node_gone_offline_is_given_up_after_the_grace
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        bare = service_node(client, api, "bare-host", holds=False)
-        profile = create_profile(client, api)
+    [bare], profile = fleet(api, 1, holds=False)
     service_id = await create_service(sessions, profile["id"])
     await step(sessions)
     [acquiring] = await replicas(sessions, service_id)
@@ -689,9 +557,7 @@ async def test_a_service_whose_step_fails_does_not_stop_the_sweep(
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        service_node(client, api, "host-0")
-        profile = create_profile(client, api)
+    _, profile = fleet(api, 1)
     broken = await create_service(sessions, profile["id"], name="broken")
     # First in the sweep's order, with a template no model accepts.
     first = uuid.UUID(int=1)
@@ -707,16 +573,11 @@ async def test_a_stopped_rollout_replaces_a_lost_old_replica_with_the_old_templa
     service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     api = service_api
-    with api.client() as client:
-        nodes = [service_node(client, api, f"host-{i}") for i in range(3)]
-        profile = create_profile(client, api)
-        broken = create_profile(client, api, name="broken")
+    nodes, profile = fleet(api, 3)
+    broken = another_profile(api, name="broken")
     service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    [old] = await replicas(sessions, service_id)
+    [old] = await made_ready(sessions, api, nodes, service_id)
     lost_node = on(nodes, old.node_id)
-    await in_thread(api, lost_node.load)
-    await step(sessions)
     await roll_out(sessions, service_id, template(broken["id"]))
     await step(sessions)
     [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
@@ -751,10 +612,7 @@ async def test_a_load_no_one_claims_goes_elsewhere_after_the_claim_timeout(
 ) -> None:
     """A node online whose runtime worker takes nothing (it died, its agent beats)."""
     api = service_api
-    with api.client() as client:
-        for i in range(2):
-            service_node(client, api, f"host-{i}")
-        profile = create_profile(client, api)
+    _, profile = fleet(api, 2)
     policy = replace(POLICY, claim_timeout_s=0.5)
     service_id = await create_service(sessions, profile["id"])
     await step(sessions, policy)
