@@ -46,7 +46,7 @@ from store import artifacts, changes, leases, nodes, runtime
 from store.deployments import rules as deployments
 from store.deployments.tables import Deployment
 from store.errors import StoreError
-from store.models import Job
+from store.models import Job, Node
 from store.runtime_tables import RuntimeEnvironment
 from store.services.tables import Service, ServiceReplica
 
@@ -443,6 +443,16 @@ async def _cancel_acquisition(
 
 # ------------------------------------------------------------------ following one
 
+# The ended_reason of a replica whose node is gone (decommissioned, disabled, or
+# offline past the drain deadline and the heal grace while it drained): not a failure.
+NODE_LOST: Final = "node_lost"
+
+
+async def node_lost(session: AsyncSession, node_id: uuid.UUID) -> bool:
+    """Whether the node can no longer run anything: decommissioned or disabled."""
+    node = await session.get(Node, node_id)
+    return node is None or node.decommissioned_at is not None or not node.enabled
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -502,6 +512,12 @@ async def follow(
                 return "acquisition not claimed"
             return None
         if job.state != JobState.SUCCEEDED.value:
+            if await node_lost(session, replica.node_id):
+                # Cancelled (or failed) because its node was decommissioned or disabled:
+                # not the template's fault, so no backoff and no failed new replica
+                # (which would stop a rollout); a replacement is placed elsewhere.
+                end(session, service, replica, now, reason=NODE_LOST, actor=actor)
+                return "ended (node lost)"
             failure = ReplicaFailure(
                 code=job.failure_code or job.state, detail=job.failure_detail or ""
             )

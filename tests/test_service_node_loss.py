@@ -1,0 +1,105 @@
+"""A service's replica whose node is lost (review R1, issue 32): decommissioned while a
+new replica downloads there, or offline while its replica drains. Neither is the
+template's fault nor a reason to wait for the node: the replica ends "node_lost" (no
+backoff, not a failed new replica) and the service moves on. Against the real API and
+PostgreSQL, the test speaking for each node over the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from tests.admin_helpers import decommission, ok
+from tests.api_server import ApiFactory, RunningApi
+from tests.flows import THRESHOLDS
+from tests.runtime_flows import create_profile
+from tests.service_flows import (
+    create_service,
+    replicas,
+    roll_out,
+    service_node,
+    service_row,
+    step,
+    template,
+)
+
+
+@pytest.fixture(name="service_api")
+def _service_api(api_factory: ApiFactory) -> RunningApi:
+    """An API on the tests' short liveness thresholds, so nodes go offline quickly."""
+    return api_factory(
+        stale_after_s=THRESHOLDS.stale_after_s,
+        offline_after_s=THRESHOLDS.offline_after_s,
+        job_retry_base_s=0.1,
+    )
+
+
+async def in_thread(api: RunningApi, act: Callable[[httpx.Client], Any]) -> Any:
+    def run() -> Any:
+        with api.client() as client:
+            return act(client)
+
+    return await asyncio.to_thread(run)
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not reached in {timeout_s} s: {what}")
+
+
+async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rollout(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    api = service_api
+    with api.client() as client:
+        holder = service_node(client, api, "holder")
+        profile = create_profile(client, api)
+        other = create_profile(client, api, name="other")
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    [old] = await replicas(sessions, service_id)
+    assert old.node_id == holder.node_id
+    await in_thread(api, holder.load)
+    await step(sessions)
+    with api.client() as client:
+        bare = service_node(client, api, "bare", holds=False)
+    await roll_out(sessions, service_id, template(other["id"]))
+
+    async def placed() -> list[Any]:
+        await step(sessions)
+        return [r for r in await replicas(sessions, service_id) if r.generation == 2]
+
+    [new] = await until(placed, "a replica of the new template placed")
+    assert new.node_id == bare.node_id and new.phase == "acquiring", (new.node_id, new.phase)
+
+    # The operator decommissions the node mid-download: its job is cancelled.
+    with api.client() as client:
+        ok(decommission(client, api, str(bare.node_id)))
+        spare = service_node(client, api, "spare")
+
+    async def replaced() -> list[Any]:
+        await step(sessions)
+        return [
+            r
+            for r in await replicas(sessions, service_id)
+            if r.generation == 2 and r.node_id == spare.node_id
+        ]
+
+    [replacement] = await until(replaced, "a replacement of the new template placed")
+    service = await service_row(sessions, service_id)
+    assert service.rollout_state == "progressing", service.rollout_reason
+    assert str(bare.node_id) not in (service.backoff or {})
+    [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == new.id]
+    assert lost.phase == "ended" and lost.ended_reason == "node_lost"
+    assert replacement.generation == 2
