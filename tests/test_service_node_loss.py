@@ -15,12 +15,17 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from schemas.services import UpdateStrategy
+from store.deployments.tables import Deployment
 from tests.admin_helpers import decommission, ok
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import THRESHOLDS
 from tests.runtime_flows import create_profile
 from tests.service_flows import (
+    ServiceNode,
     create_service,
+    delete,
+    liveness,
     replicas,
     roll_out,
     service_node,
@@ -103,3 +108,37 @@ async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rol
     [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == new.id]
     assert lost.phase == "ended" and lost.ended_reason == "node_lost"
     assert replacement.generation == 2
+
+
+async def test_a_delete_completes_when_a_draining_replica_s_node_stays_offline(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A replica draining on a node that is offline but still enabled ends "node_lost"
+    past the drain deadline and the heal grace, so the delete completes; its deployment
+    stays draining for the node's return (the deployment reconciler unloads it then)."""
+    api = service_api
+    with api.client() as client:
+        gone: ServiceNode = service_node(client, api, "gone")
+        profile = create_profile(client, api)
+    strategy = UpdateStrategy(drain_deadline_s=0.5)
+    service_id = await create_service(sessions, profile["id"], strategy=strategy)
+    await step(sessions)
+    [replica] = await replicas(sessions, service_id)
+    await in_thread(api, gone.load)
+    await step(sessions)
+    await delete(sessions, service_id)
+    await step(sessions)
+    assert [r.phase for r in await replicas(sessions, service_id)] == ["draining"]
+
+    # The node never answers again (it stays enabled).
+    async def deleted() -> bool:
+        await liveness(sessions)
+        await step(sessions)
+        return (await service_row(sessions, service_id)).state == "deleted"
+
+    await until(deleted, "the service deleted with its node offline")
+    [ended] = await replicas(sessions, service_id, ended=True)
+    assert ended.id == replica.id and ended.ended_reason == "node_lost"
+    async with sessions() as session:
+        deployment = await session.get(Deployment, replica.deployment_id)
+    assert deployment is not None and deployment.state == "draining"

@@ -167,6 +167,8 @@ async def _follow(step: Step) -> None:
         )
         if action is None and replica.phase == ReplicaPhase.ACQUIRING.value:
             action = await _acquiring_offline(step, replica)
+        if action is None and replica.phase == ReplicaPhase.DRAINING.value:
+            action = await _draining_offline(step, replica)
         if action is None:
             continue
         step.done.append(f"replica {replica.id}: {action}")
@@ -195,6 +197,35 @@ async def _acquiring_offline(step: Step, replica: ServiceReplica) -> str | None:
                       actor=step.actor)  # fmt: skip
     steps.back_off(step.service, replica.node_id, step.now, step.policy)
     return "given up (node offline)"
+
+
+async def _draining_offline(step: Step, replica: ServiceReplica) -> str | None:
+    """A replica draining on a node offline (still enabled) past its drain deadline and
+    the heal grace ends "node_lost", so a delete or a scale-down completes; its
+    deployment stays draining, and the deployment reconciler unloads it when the node
+    returns (its device stays busy for placements until then). Not while healing is
+    held: a partition is more likely than a loss."""
+    if step.hold:
+        return None
+    node = await step.session.get(Node, replica.node_id)
+    if node is not None and node.liveness == "online":
+        return None
+    deployment = (
+        await step.session.get(Deployment, replica.deployment_id)
+        if replica.deployment_id is not None
+        else None
+    )
+    deadline = timedelta(seconds=(deployment.drain_deadline_s or 0.0) if deployment else 0.0)
+    grace = timedelta(seconds=step.policy.heal_grace_s)
+    since = replica.phase_changed_at + deadline
+    if node is not None and node.liveness_changed_at is not None:
+        since = max(since, node.liveness_changed_at)
+    if step.now - since < grace:
+        return None
+    steps.end(step.session, step.service, replica, step.now, reason=steps.NODE_LOST,
+              actor=step.actor)  # fmt: skip
+    replica.ended_reason = steps.NODE_LOST
+    return "ended (node offline past the drain deadline)"
 
 
 def _failed_new(step: Step, replica: ServiceReplica) -> bool:
