@@ -7,7 +7,14 @@ once, the rest up to `max_bytes` when the header runs longer (a large tokenizer)
 source that ignores the Range is read only as far as the bytes wanted, then the
 connection is closed. Each read is bounded in time as a whole (a source that trickles
 bytes is given up), not only between its bytes. Redirects (the Hub sends LFS files to
-its CDN) are followed a few times, the token only to the endpoint's own origin.
+its CDN) are followed a few times, the token only to the endpoint's own origin. The
+prefix is asked for unencoded (`Accept-Encoding: identity`); an answer compressed anyway
+is refused, never decoded (a small gzip answer could decompress to gigabytes).
+
+Not checked here: where a redirect points. The agent refuses a redirect to an address
+more internal than its endpoint, or to a link-local one (agent/sources/reach.py), but
+that rule lives in agent/, which the API may not import; the API's own endpoint is an
+operator's setting, its redirects are not.
 
 Best effort: a source that cannot be reached, answers an error, or a header that cannot
 be read gives None (and a log line, never the answer's body); the estimate then falls
@@ -90,7 +97,9 @@ class ModelHeaders:
             raise _Unreachable(f"sent the header slower than {self._timeout_s} s") from None
 
     async def _read_within(self, url: str, start: int, count: int) -> bytes:
-        headers = {"Range": f"bytes={start}-{start + count - 1}"}
+        # identity: a compressed answer could decompress to many times the bytes read
+        # (each chunk up to tens of MiB); one encoded anyway is refused, never decoded.
+        headers = {"Range": f"bytes={start}-{start + count - 1}", "Accept-Encoding": "identity"}
         for _ in range(MAX_REDIRECTS + 1):
             sent = dict(headers)
             if self._token and _origin(url) == self._origin:
@@ -104,6 +113,9 @@ class ModelHeaders:
                     continue
                 if response.status_code not in (200, 206):
                     raise _Unreachable(f"answered {response.status_code}")
+                encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise _Unreachable(f"answered encoded ({encoding[:32]}) though asked not to")
                 skip = start if response.status_code == 200 else 0
                 return await _prefix(response, skip, count)
         raise _Unreachable(f"redirected more than {MAX_REDIRECTS} times")
@@ -120,7 +132,7 @@ async def _prefix(response: httpx.Response, skip: int, count: int) -> bytes:
     """`count` bytes after the first `skip`, then stop reading."""
     chunks: list[bytes] = []
     held = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.aiter_raw():  # never decoded (see _read_within)
         if skip:
             dropped = min(skip, len(chunk))
             chunk, skip = chunk[dropped:], skip - dropped

@@ -8,9 +8,12 @@ built byte by byte."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import os
 import struct
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +311,51 @@ def test_a_file_size_near_the_wire_bound_is_clamped_not_raised() -> None:
         assert figure.source == "file_size"
     below = estimate(None, 8 * GiB, LlamaSettings())
     assert below.total_bytes == 10 * GiB
+
+
+class _GzipSource:
+    """A source that answers every GET with a gzip-encoded file whatever the client
+    accepts (a decompression bomb's shape), and records the Accept-Encoding it got."""
+
+    def __init__(self, body: bytes) -> None:
+        self.accepted: list[str | None] = []
+        encoded = gzip.compress(body)
+        accepted = self.accepted
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                accepted.append(self.headers.get("Accept-Encoding"))
+                self.send_response(200)
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(encoded)))
+                self.end_headers()
+                self.wfile.write(encoded)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        host, port = self.server.server_address[:2]
+        self.url = f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_the_header_is_asked_for_unencoded_and_an_encoded_answer_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A compressed answer could decompress to many times the bytes read (each chunk up
+    to tens of MiB): the header is asked for as `identity`, and an answer encoded anyway
+    is refused (no estimate from it) rather than decoded (review R1)."""
+    source = _GzipSource(write_gguf(tmp_path / "small.gguf"))
+    headers = ModelHeaders(source.url, None, 10.0, 1024 * 1024)
+    try:
+        assert await headers.summary(REPO, COMMIT, "small.gguf") is None
+    finally:
+        await headers.close()
+        source.stop()
+    assert source.accepted == ["identity"]
