@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -472,15 +472,17 @@ class SimRuntime:
 # ---------------------------------------------------------------------- the jobs
 
 
-class SimDeploymentJob(LeasedJob[RuntimeJobProgress, Any, RuntimeJobFail]):
-    cancelled_code = RuntimeFailure.CANCELLED
-    internal_code = RuntimeFailure.INTERNAL
+ClaimT = TypeVar("ClaimT", bound=LoadClaim | TargetClaim | ArtifactClaim | EvictClaim)
+ProgressT = TypeVar("ProgressT")
+DoneT = TypeVar("DoneT")
+FailT = TypeVar("FailT")
+
+
+class SimJob(LeasedJob[ProgressT, DoneT, FailT], Generic[ClaimT, ProgressT, DoneT, FailT]):
+    """A simulated job under its claim's lease, with the runtime it acts on."""
 
     def __init__(
-        self,
-        claim: LoadClaim | TargetClaim,
-        reports: Reports[RuntimeJobProgress, Any, RuntimeJobFail],
-        runtime: SimRuntime,
+        self, claim: ClaimT, reports: Reports[ProgressT, DoneT, FailT], runtime: SimRuntime
     ) -> None:
         super().__init__(
             claim.job_id,
@@ -491,7 +493,14 @@ class SimDeploymentJob(LeasedJob[RuntimeJobProgress, Any, RuntimeJobFail]):
         )
         self.claim = claim
         self.runtime = runtime
-        self.phase: Any = "verifying"
+
+
+class SimDeploymentJob(SimJob[LoadClaim | TargetClaim, RuntimeJobProgress, Any, RuntimeJobFail]):
+    cancelled_code = RuntimeFailure.CANCELLED
+    internal_code = RuntimeFailure.INTERNAL
+
+    # What the progress reports say it is doing (a str is immutable: a class default).
+    phase: Any = "verifying"
 
     def progress_report(self) -> RuntimeJobProgress:
         return RuntimeJobProgress(lease=self.fence, phase=self.phase)
@@ -613,28 +622,16 @@ class SimDeploymentJob(LeasedJob[RuntimeJobProgress, Any, RuntimeJobFail]):
         return max(0, at_start - len(cut)), len(cut)
 
 
-class SimArtifactJob(LeasedJob[ProgressReport, CompleteReport, FailReport]):
+class SimArtifactJob(
+    SimJob[ArtifactClaim | EvictClaim, ProgressReport, CompleteReport, FailReport]
+):
     """An acquisition or an eviction, done as if the files were written (or deleted)."""
 
     cancelled_code = FailureCode.CANCELLED
     internal_code = FailureCode.INTERNAL
 
-    def __init__(
-        self,
-        claim: ArtifactClaim | EvictClaim,
-        reports: Reports[ProgressReport, CompleteReport, FailReport],
-        runtime: SimRuntime,
-    ) -> None:
-        super().__init__(
-            claim.job_id,
-            claim.lease,
-            reports,
-            name=f"{claim.kind} {claim.job_id}",
-            report_every_s=max(0.2, min(5.0, claim.lease.renew_within_s / 2)),
-        )
-        self.claim = claim
-        self.runtime = runtime
-        self.done = False
+    # Whether the files are written (the progress reports count them done).
+    done: bool = False
 
     def progress_report(self) -> ProgressReport:
         spec = self.claim.spec
