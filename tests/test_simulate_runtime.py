@@ -121,6 +121,44 @@ def tokens_of(lines: list[bytes]) -> list[str]:
     return tokens
 
 
+def drained_mid_stream(
+    client: httpx.Client,
+    api: RunningApi,
+    secret: str,
+    deployment_id: str,
+    max_tokens: int,
+    deadline_s: float,
+) -> tuple[list[bytes], dict[str, Any]]:
+    """A stream of `max_tokens` through the gateway; once its first token arrived, the
+    deployment drained with `deadline_s`. The stream's lines once it ended, and the drain
+    job's result once the deployment unloaded."""
+    received: list[bytes] = []
+    first = threading.Event()
+
+    def read() -> None:
+        for line in chat(api, secret, max_tokens=max_tokens):
+            received.append(line)
+            if tokens_of([line]):
+                first.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert first.wait(20), received
+    drained = client.post(
+        f"{DEPLOYMENTS}/{deployment_id}/drain",
+        json={"deadline_s": deadline_s},
+        headers=api.admin_headers,
+    )
+    assert drained.status_code == 200 and drained.json()["state"] == "draining", drained.text
+    reader.join(30)
+    assert not reader.is_alive()
+    wait_for_deployment(api, deployment_id, "unloaded", 20)
+    jobs = ok(client.get(f"{DEPLOYMENTS}/{deployment_id}/jobs", headers=api.admin_headers))
+    [drain] = [j for j in jobs["items"] if j["kind"] == "deployment.drain.v1"]
+    result: dict[str, Any] = drain["result"]
+    return received, result
+
+
 @pytest.fixture
 def gateway_api(api_factory: ApiFactory) -> RunningApi:
     return api_factory(gateway_first_token_timeout_s=10, gateway_token_gap_timeout_s=10)
@@ -201,32 +239,10 @@ def test_simulated_runtime_serves_a_deployment_streams_tokens_and_drains(
         assert took >= 10 / RATE * 0.9, took
 
         # A drain while a 60-token stream (3 s) is in flight: the stream finishes whole.
-        received: list[bytes] = []
-        first = threading.Event()
-
-        def read() -> None:
-            for line in chat(api, secret, max_tokens=60):
-                received.append(line)
-                if tokens_of([line]):
-                    first.set()
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        assert first.wait(20), received
-        drained = client.post(
-            f"{DEPLOYMENTS}/{deployment_id}/drain",
-            json={"deadline_s": 30},
-            headers=api.admin_headers,
-        )
-        assert drained.status_code == 200 and drained.json()["state"] == "draining", drained.text
-        reader.join(30)
-        assert not reader.is_alive()
+        received, drain = drained_mid_stream(client, api, secret, deployment_id, 60, 30)
         assert tokens_of(received) == [f"tok{i} " for i in range(60)], received[-3:]
         assert received[-1] == b"data: [DONE]"
-        wait_for_deployment(api, deployment_id, "unloaded", 20)
-        jobs = ok(client.get(f"{DEPLOYMENTS}/{deployment_id}/jobs", headers=api.admin_headers))
-        [drain] = [j for j in jobs["items"] if j["kind"] == "deployment.drain.v1"]
-        assert drain["result"]["finished"] == 1 and drain["result"]["cut"] == 0, drain
+        assert drain["finished"] == 1 and drain["cut"] == 0, drain
         # The device is free again in the next report.
         wait_until(
             lambda: not node_runtime(client, api, node_id)["deployments"], 20, "the unload reported"
@@ -236,30 +252,10 @@ def test_simulated_runtime_serves_a_deployment_streams_tokens_and_drains(
         # ends with the error event a real unload's cut ends with.
         again = create_deployment(client, api, {**body, "device_id": "gpu:0"})["id"]
         wait_for_deployment(api, again, "ready", 30)
-        cut: list[bytes] = []
-        begun = threading.Event()
-
-        def read_cut() -> None:
-            for line in chat(api, secret, max_tokens=200):
-                cut.append(line)
-                if tokens_of([line]):
-                    begun.set()
-
-        reader = threading.Thread(target=read_cut)
-        reader.start()
-        assert begun.wait(20), cut
-        drained = client.post(
-            f"{DEPLOYMENTS}/{again}/drain", json={"deadline_s": 1}, headers=api.admin_headers
-        )
-        assert drained.status_code == 200, drained.text
-        reader.join(30)
-        assert not reader.is_alive()
+        cut, drain = drained_mid_stream(client, api, secret, again, 200, 1)
         assert 0 < len(tokens_of(cut)) < 200, cut[-3:]
         assert any(b"upstream_unavailable" in line for line in cut), cut[-3:]
-        wait_for_deployment(api, again, "unloaded", 20)
-        jobs = ok(client.get(f"{DEPLOYMENTS}/{again}/jobs", headers=api.admin_headers))
-        [drain] = [j for j in jobs["items"] if j["kind"] == "deployment.drain.v1"]
-        assert drain["result"]["finished"] == 0 and drain["result"]["cut"] == 1, drain
+        assert drain["finished"] == 0 and drain["cut"] == 1, drain
     output = "".join(sim.lines)
     assert sim.process.returncode == 0, output
     assert re.search(r"errors: 0\b", output), output
