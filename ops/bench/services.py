@@ -260,6 +260,23 @@ async def services_figures(
         phases = ", ".join(f"g{r['generation']} {r['phase']}" for r in view["items"])
         return f"rollout {view['rollout']}, replicas: {phases}"
 
+    async def under_load(
+        label: str, check: Callable[[], Awaitable[Any]], what: str, says: Callable[[], str]
+    ) -> None:
+        """Wait (120 s at most) for `check` under the steady load; one line: `says()` and
+        the requests that failed meanwhile, or why it was not measured."""
+        try:
+            await until(check, 120, what)
+            counts = steady.phase()
+            lines.append(
+                f"{says()} under steady load: {counts.failed + counts.cut} failed ({counts.line()})"
+            )
+        except TimeoutError as exc:
+            view = await service_view(admin, sid)
+            lines.append(
+                f"{label}: not measured: {exc}: {progress(view)} ({steady.phase().line()})"
+            )
+
     # A rollout to another profile under the steady load.
     rolled = time.monotonic()
     await admin.call("POST", f"{SERVICES}/{sid}/rollout", {"profile_id": profiles[1]})
@@ -269,29 +286,18 @@ async def services_figures(
         r = view["rollout"]
         return bool(r["state"] == "complete" and r["outdated"] == 0 and await ready(2))
 
-    try:
-        await until(rolled_out, 120, "the rollout complete")
-        counts = steady.phase()
-        lines.append(
-            f"rollout of 2 replicas to a new profile in {time.monotonic() - rolled:.1f} s under"
-            f" steady load: {counts.failed + counts.cut} failed ({counts.line()})"
-        )
-    except TimeoutError as exc:
-        view = await service_view(admin, sid)
-        lines.append(f"rollout: not measured: {exc}: {progress(view)} ({steady.phase().line()})")
+    await under_load(
+        "rollout",
+        rolled_out,
+        "the rollout complete",
+        lambda: f"rollout of 2 replicas to a new profile in {time.monotonic() - rolled:.1f} s",
+    )
 
     # A scale-down 2 -> 1 under the steady load; then back to 2 for the heal.
     await admin.call("POST", f"{SERVICES}/{sid}/scale", {"replicas": 1})
-    try:
-        await until(lambda: ready(1), 120, "scaled down to 1")
-        counts = steady.phase()
-        lines.append(
-            f"scale-down 2 -> 1 under steady load: {counts.failed + counts.cut} failed"
-            f" ({counts.line()})"
-        )
-    except TimeoutError as exc:
-        view = await service_view(admin, sid)
-        lines.append(f"scale-down: not measured: {exc}: {progress(view)} ({steady.phase().line()})")
+    await under_load(
+        "scale-down", lambda: ready(1), "scaled down to 1", lambda: "scale-down 2 -> 1"
+    )
     await admin.call("POST", f"{SERVICES}/{sid}/scale", {"replicas": 2})
     view = await until(lambda: ready(2), 120, "2 replicas ready again")
     steady.phase()
