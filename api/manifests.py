@@ -13,11 +13,13 @@ schemas/hub.py), so a hostile or broken source costs bounded memory and time.
 * The operator's mistakes (no such repository, revision or matching file) are 422.
 * A selected file the job cannot hold (its path, size or digest does not fit the wire)
   refuses the create with 422 naming the files: a job never silently leaves one out.
-* A source that answers what we do not read is 502; one that cannot be reached is 503.
+* A source that answers what we do not read is 502; one that cannot be reached, or
+  takes longer than `answer_timeout_s` for one whole answer (a trickle), is 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import logging
 import re
@@ -57,8 +59,18 @@ class Unresolvable(ApiError):
 
 
 class ManifestResolver:
-    def __init__(self, endpoint: str, token: str | None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        token: str | None,
+        timeout_s: float = 10.0,
+        answer_timeout_s: float = 30.0,
+    ) -> None:
         self._endpoint = endpoint.rstrip("/")
+        # httpx's timeout bounds each socket operation, not an answer: a source that
+        # trickles a byte inside it each time would hold a create for as long as it
+        # liked. Each whole answer (at most MAX_ANSWER_BYTES) gets this long.
+        self._answer_timeout_s = answer_timeout_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, trust_env=False)
 
@@ -75,7 +87,10 @@ class ManifestResolver:
         """One answer, and the URL of its next page (the Hub paginates long lists with
         `Link: <…>; rel="next"`), if any."""
         try:
-            async with self._http.stream("GET", url, params=params or None) as response:
+            async with (
+                asyncio.timeout(self._answer_timeout_s),
+                self._http.stream("GET", url, params=params or None) as response,
+            ):
                 _check(response.status_code, what)
                 value = await read_json(
                     response.aiter_bytes(),
@@ -84,6 +99,14 @@ class ManifestResolver:
                     declared=response.headers.get("content-length"),
                 )
                 following = response.links.get("next", {}).get("url")
+        except TimeoutError:
+            logger.warning("artifact source's %s answer slower than %s s", what,
+                           self._answer_timeout_s)  # fmt: skip
+            raise ServiceUnavailable(
+                f"the artifact source's {what} answer took longer than"
+                f" {self._answer_timeout_s:g} s; retry shortly",
+                code=ErrorCode.SOURCE_UNAVAILABLE,
+            ) from None
         except httpx.HTTPError as exc:
             logger.warning("artifact source unreachable (%s)", type(exc).__name__)
             raise ServiceUnavailable(

@@ -4,10 +4,18 @@ each file's size and digest, LFS files by SHA-256 and small files by git blob id
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
+from api.errors import ServiceUnavailable
+from api.manifests import ManifestResolver
+from schemas.artifacts import ManifestRequest
 from tests.admin_helpers import ok, refused
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import content, create_job, node_with_roots
@@ -229,3 +237,59 @@ def test_a_next_page_outside_the_source_is_a_typed_502(
         body = refused(create_job(client, api, node, manifest=None, resolve=resolve), 502,
                        "source_invalid")  # fmt: skip
     assert "links outside the source" in body["message"]
+
+
+class _TricklingSource:
+    """A source that answers 200 and then one byte of its revision answer every 0.1 s:
+    each read well inside httpx's per-operation timeout, the whole far past any."""
+
+    def __init__(self) -> None:
+        stopping = self.stopping = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b'{"sha": "' + b"0" * 40 + b'"}' + b" " * 400
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for byte in body:
+                    if stopping.wait(0.1):
+                        return
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        return
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        host, port = self.server.server_address[:2]
+        self.url = f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_a_source_trickling_its_answer_is_given_up_as_a_whole() -> None:
+    """httpx's timeout bounds each socket read, not an answer: a source that sends a byte
+    within it each time held a create for as long as it liked (review R1). Each answer
+    now has a total time limit, past which the source counts as unavailable (503)."""
+    source = _TricklingSource()
+    resolver = ManifestResolver(source.url, None, timeout_s=1.0, answer_timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServiceUnavailable):
+            await asyncio.wait_for(
+                resolver.resolve(ManifestRequest(repository=REPO, patterns=["*.gguf"])), 10.0
+            )
+    finally:
+        await resolver.close()
+        source.stop()
+    assert time.monotonic() - started < 3.0
