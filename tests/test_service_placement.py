@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.protocol import StreamName
-from schemas.services import MemoryEstimate, PlacementReason, ServiceTemplate
+from schemas.services import PlacementReason
 from store.deployments.tables import Deployment
 from store.models import Job, Node, NodeArtifact, NodeStream
 from store.runtime_tables import RuntimeEnvironment, RuntimeEvidence, RuntimeProfile
@@ -26,13 +26,10 @@ from store.services.estimate import GiB
 from store.services.placement import decide
 from store.services.snapshot import FleetCache
 from store.services.tables import Service, ServiceReplica
+from tests.placement_flows import COMMIT, DIGEST, PATH, REPO, sized_template
 
 ENV = "a" * 64
 OTHER_ENV = "b" * 64
-DIGEST = "c" * 64
-REPO = "org/model"
-COMMIT = "d" * 40
-PATH = "model.gguf"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -97,24 +94,16 @@ class Fleet:
                     for sha in ([ENV] if environments is None else environments)
                 ],
             }
-            self.rows.append(
-                NodeStream(
-                    node_id=node.id,
-                    stream=StreamName.RUNTIME.value,
-                    good_sequence=1,
-                    good_payload=payload,
-                )
-            )
+            self.stream(node.id, StreamName.RUNTIME, payload)
         inventory = {"host": {"artifact_roots": ["/models"] if roots is None else roots}}
-        self.rows.append(
-            NodeStream(
-                node_id=node.id,
-                stream=StreamName.INVENTORY.value,
-                good_sequence=1,
-                good_payload=inventory,
-            )
-        )
+        self.stream(node.id, StreamName.INVENTORY, inventory)
         return node.id
+
+    def stream(self, node_id: uuid.UUID, name: StreamName, payload: dict[str, Any]) -> None:
+        """The node's last good report on one stream."""
+        self.rows.append(
+            NodeStream(node_id=node_id, stream=name.value, good_sequence=1, good_payload=payload)
+        )
 
     def job(self, node_id: uuid.UUID) -> uuid.UUID:
         job = Job(
@@ -155,28 +144,7 @@ class Fleet:
         backoff: dict[str, Any] | None = None,
         environment_id: uuid.UUID | None = None,
     ) -> Service:
-        estimate = MemoryEstimate(
-            weights_bytes=need,
-            kv_cache_bytes=0,
-            compute_bytes=0,
-            total_bytes=need,
-            source="gguf_header",
-        )
-        template = ServiceTemplate(
-            artifact={
-                "repository": REPO,
-                "revision": "main",
-                "commit": COMMIT,
-                "path": PATH,
-                "size_bytes": need,
-                "sha256": DIGEST,
-            },
-            profile_id=self.profile.id,
-            profile_version=1,
-            environment_id=environment_id,
-            max_concurrent=4,
-            estimate=estimate,
-        )
+        template = sized_template(need, self.profile.id, environment_id)
         service = Service(
             id=uuid.uuid4(),
             name=f"svc-{uuid.uuid4().hex[:8]}",

@@ -48,19 +48,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from schemas.services import MemoryEstimate, ServiceTemplate
 from store.deployments import tables as _deployments  # noqa: F401 (the FK targets)
 from store.engine import make_engine, make_sessionmaker
 from store.services.estimate import GiB
 from store.services.placement import decide
 from store.services.snapshot import CACHE, MAX_AGE_S
 from store.services.tables import Service, ServiceReplica
+from tests.placement_flows import COMMIT, DIGEST, PATH, REPO, sized_template
 
 ENV = "e" * 64
-DIGEST = "d" * 64
-REPO = "bench/placement"
-COMMIT = "c" * 40
-PATH = "model.gguf"
 
 # One statement per table: generate_series and a few hashes make the mix reproducible.
 _SEED = [
@@ -119,28 +115,7 @@ _SEED = [
 
 
 def _template(need: int) -> dict[str, Any]:
-    estimate = MemoryEstimate(
-        weights_bytes=need,
-        kv_cache_bytes=0,
-        compute_bytes=0,
-        total_bytes=need,
-        source="gguf_header",
-    )
-    return ServiceTemplate(
-        artifact={
-            "repository": REPO,
-            "revision": "main",
-            "commit": COMMIT,
-            "path": PATH,
-            "size_bytes": need,
-            "sha256": DIGEST,
-        },
-        profile_id=uuid.uuid4(),
-        profile_version=1,
-        environment_id=None,
-        max_concurrent=4,
-        estimate=estimate,
-    ).model_dump(mode="json")
+    return sized_template(need, uuid.uuid4()).model_dump(mode="json")
 
 
 def _service(
