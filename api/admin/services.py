@@ -47,6 +47,9 @@ from store.services import rules as services
 from store.services.estimate import estimate
 
 router = APIRouter()
+# Past any device's memory (16 TiB): a source claiming more is refused (502).
+MAX_MODEL_BYTES = 2**44
+
 logger = logging.getLogger("modelforge.api.admin.services")
 MISSING = error_responses(404)
 MISSING_OR_CONFLICT = error_responses(404, 409)
@@ -192,6 +195,12 @@ async def _resolve(state: ApiState, artifact: ServiceArtifact) -> ResolvedArtifa
 async def _estimate(
     state: ApiState, artifact: ResolvedArtifact, settings: LlamaSettings
 ) -> MemoryEstimate:
+    if artifact.size_bytes > MAX_MODEL_BYTES:
+        # A file the source says is petabytes: no device holds it, and no estimate of it
+        # means anything. The source's answer is what is wrong.
+        raise BadGateway(
+            f"the artifact source claims a file of {artifact.size_bytes} bytes, past any device"
+        )
     # None when the header cannot be read (the source serves no ranges, not a GGUF):
     # the estimate is the file's size then.
     summary = await state.model_headers.summary(artifact.repository, artifact.commit, artifact.path)
@@ -209,13 +218,7 @@ async def _estimate(
                 artifact.path,
                 type(exc).__name__,
             )
-    try:
-        return estimate(None, artifact.size_bytes, settings)
-    except ValueError:
-        # A file the source says is petabytes (its size past what an estimate carries).
-        raise BadGateway(
-            f"the artifact source claims a file of {artifact.size_bytes} bytes, past any device"
-        ) from None
+    return estimate(None, artifact.size_bytes, settings)
 
 
 def _literal(path: str) -> str:
