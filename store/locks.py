@@ -21,6 +21,31 @@ deployment before anything else, and then deadlocked with a decommission of the 
 A transaction that does not take the node's lock may still lock rows of level 2 or 3
 only if it never waits for another lock while holding them: leases.expire_due takes jobs
 with SKIP LOCKED, then only *tries* each job's node lock (skipping the job when busy).
+
+Services (issue 32). A service's row comes before any node's lock, never after:
+
+0. the service's row (services: FOR UPDATE; the reconciler's step takes it with SKIP
+   LOCKED, store/services/reconcile.py: reconcile_one), then levels 1-3 of its
+   replicas' nodes as above.
+
+The API's service rules (store/services/rules.py: scale, rollout, undo, delete) take
+the service's row only (create: the name's own advisory lock), no node's lock. Nothing
+that holds a node's lock (the agent routes, a decommission, the deployment reconciler,
+the liveness sweep) ever waits for a service's row, so service → node cannot close a
+cycle with them.
+
+Two reconciler steps (two services, each holding its own row) may both need node locks.
+A step follows its live replicas in node-id order (each follow may lock its replica's
+node), and a new replica's node is only *tried* (store/services/replicas.py:
+try_lock_node, the event lock tried and the row FOR UPDATE NOWAIT in a savepoint): held
+elsewhere, that placement waits for the next sweep instead of waiting on a lock while
+the step holds others (tests/test_service_node_loss.py:
+test_a_placement_never_waits_on_a_node_lock_another_holds). What is left: a step's
+drains (a delete, a scale-down, a rollout's replaced replicas) lock their nodes in the
+drain order, not by node id, after its follows; two steps draining replicas on the same
+two nodes in opposite orders can still deadlock. PostgreSQL detects it (deadlock_timeout)
+and aborts one step, which the sweep logs and retries on its next pass
+(workers/service_reconcile.py): a delay, never a lost or doubled change.
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import UpdateStrategy
+from store import nodes
 from store.deployments.tables import Deployment
+from store.services.reconcile import reconcile_one
 from tests.admin_helpers import decommission, ok
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import THRESHOLDS
 from tests.runtime_flows import create_profile
 from tests.service_flows import (
+    POLICY,
     ServiceNode,
     create_service,
     delete,
@@ -142,3 +145,31 @@ async def test_a_delete_completes_when_a_draining_replica_s_node_stays_offline(
     async with sessions() as session:
         deployment = await session.get(Deployment, replica.deployment_id)
     assert deployment is not None and deployment.state == "draining"
+
+
+async def test_a_placement_never_waits_on_a_node_lock_another_holds(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A reconciler step may already hold a node's lock (following a replica there) when
+    it places on another node: were it to wait for that node's lock, two steps placing
+    on each other's nodes would deadlock. The placement only tries the node's lock; held
+    elsewhere, it gives the placement up for this sweep and places on the next one."""
+    api = service_api
+    with api.client() as client:
+        only = service_node(client, api, "only")
+        profile = create_profile(client, api)
+    service_id = await create_service(sessions, profile["id"])
+    async with sessions() as holder, holder.begin():
+        await nodes.lock(holder, only.node_id)  # another transaction holds the node
+
+        async def one_step() -> list[str] | None:
+            async with sessions() as session, session.begin():
+                return await reconcile_one(session, service_id, POLICY, hold=False, actor="t")
+
+        done = await asyncio.wait_for(one_step(), 5.0)
+        assert done is not None and not any("placed on" in action for action in done), done
+        assert await replicas(sessions, service_id) == []
+    done = await one_step()
+    assert done is not None and any("placed on" in action for action in done), done
+    [placed] = await replicas(sessions, service_id)
+    assert placed.node_id == only.node_id

@@ -433,9 +433,13 @@ async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_devi
     second = await create_service(sessions, profile["id"], name="second", replicas=3)
     # Eight workers sweep at once, twice over: the two services want six devices and
     # five exist.
-    for _ in range(2):
-        done = await asyncio.gather(*(reconcile_services(sessions, POLICY) for _ in range(8)))
-        assert any(done)
+    rounds = [
+        await asyncio.gather(*(reconcile_services(sessions, POLICY) for _ in range(8)))
+        for _ in range(2)
+    ]
+    # The first round places; a placement whose node another step holds gives up for
+    # that round (store/locks.py), so the second may or may not have work left.
+    assert any(rounds[0])
     rows = await replicas(sessions, first) + await replicas(sessions, second)
     assert len(rows) == 5
     assert len({(row.node_id, row.device_id) for row in rows}) == 5

@@ -161,7 +161,9 @@ async def reconcile_one(
 async def _follow(step: Step) -> None:
     service = step.service
     rolling = service.rollout_state == RolloutState.PROGRESSING.value
-    for replica in step.live:
+    # In node-id order: a follow may lock its replica's node (store/locks.py), and two
+    # steps locking nodes in one order cannot wait on each other in a cycle.
+    for replica in sorted(step.live, key=lambda r: (r.node_id, r.created_at, r.id)):
         action = await steps.follow(
             step.session, service, replica, step.now, step.policy, actor=step.actor
         )

@@ -12,7 +12,7 @@ next placement goes elsewhere.
 Locks: the caller holds the service's row. Everything here that touches a node's rows
 goes through the rules that take the node's lock first (store/locks.py): the agent
 routes never lock a service, so service → node → job → deployment cannot deadlock with
-them.
+them. A new replica's node is only tried (try_lock_node): see store/locks.py for why.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.artifacts import ArtifactFile, ArtifactManifest, JobTarget, Sha256Digest
@@ -46,6 +46,7 @@ from store import artifacts, changes, leases, nodes, runtime
 from store.deployments import rules as deployments
 from store.deployments.tables import Deployment
 from store.errors import StoreError
+from store.locks import node_try_xact_lock
 from store.models import Job, Node
 from store.runtime_tables import RuntimeEnvironment
 from store.services.tables import Service, ServiceReplica
@@ -55,6 +56,8 @@ LIVE: Final = frozenset(phase.value for phase in LIVE_PHASES)
 # job's own backoff) before the replica fails and moves elsewhere.
 ACQUIRE_ATTEMPTS: Final = 3
 LOAD_ATTEMPTS: Final = 3
+# PostgreSQL's lock_not_available (FOR UPDATE NOWAIT refused).
+LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
 @dataclass(frozen=True)
@@ -235,9 +238,12 @@ async def start(
     refuses the second; nothing of this one is kept). A creation the rules refuse ends
     the replica failed and backs the node off."""
     assert receipt.node_id is not None and receipt.device_id is not None
-    # The node's lock before the replica's row: two services placing on one device wait
-    # for each other here instead of on the unique index while holding other locks.
-    await nodes.lock(session, receipt.node_id)
+    # The node's lock before the replica's row: two services placing on one device meet
+    # here instead of on the unique index. Only tried (store/locks.py): the step may hold
+    # other nodes' locks already, and waiting here could close a cycle with another step
+    # placing the other way; held elsewhere, the placement waits for the next sweep.
+    if not await try_lock_node(session, receipt.node_id):
+        return None
     replica = ServiceReplica(
         id=uuid.uuid4(),
         service_id=service.id,
@@ -279,6 +285,24 @@ async def start(
     if failure is not None:
         fail(session, service, replica, now, policy, failure, actor=actor)
     return replica
+
+
+async def try_lock_node(session: AsyncSession, node_id: uuid.UUID) -> bool:
+    """The node's event lock and row lock (nodes.lock's, in its order) if nobody holds
+    either now, without waiting; whether this transaction holds them. The row lock is
+    taken NOWAIT inside a savepoint, so a refusal leaves the transaction usable."""
+    try:
+        async with session.begin_nested():
+            if not (await session.execute(select(node_try_xact_lock(node_id)))).scalar_one():
+                return False
+            await session.execute(
+                select(Node.id).where(Node.id == node_id).with_for_update(nowait=True)
+            )
+    except DBAPIError as error:
+        if getattr(error.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return False
+        raise
+    return True
 
 
 def _refused(error: StoreError) -> ReplicaFailure:
