@@ -19,7 +19,7 @@ from schemas.services import UpdateStrategy
 from store import nodes
 from store.deployments.tables import Deployment
 from store.services.reconcile import reconcile_one
-from tests.admin_helpers import decommission, ok
+from tests.admin_helpers import decommission, ok, patch_node
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import THRESHOLDS
 from tests.runtime_flows import create_profile
@@ -173,3 +173,40 @@ async def test_a_placement_never_waits_on_a_node_lock_another_holds(
     assert done is not None and any("placed on" in action for action in done), done
     [placed] = await replicas(sessions, service_id)
     assert placed.node_id == only.node_id
+
+
+async def test_a_node_disabled_once_the_new_replica_acquired_does_not_stop_the_rollout(
+    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The artifact job succeeded, then the operator disabled the node before the load
+    was created: the load is refused there (not schedulable), which is the node's
+    standing, not the template's fault. The replica ends "node_lost", no backoff, and
+    the rollout goes on."""
+    api = service_api
+    with api.client() as client:
+        holder = service_node(client, api, "holder")
+        profile = create_profile(client, api)
+        other = create_profile(client, api, name="other")
+    service_id = await create_service(sessions, profile["id"])
+    await step(sessions)
+    await in_thread(api, holder.load)
+    await step(sessions)
+    with api.client() as client:
+        bare = service_node(client, api, "bare", holds=False)
+    await roll_out(sessions, service_id, template(other["id"]))
+
+    async def placed() -> list[Any]:
+        await step(sessions)
+        return [r for r in await replicas(sessions, service_id) if r.generation == 2]
+
+    [new] = await until(placed, "a replica of the new template placed")
+    assert new.node_id == bare.node_id and new.phase == "acquiring"
+    await in_thread(api, bare.acquire)
+    with api.client() as client:
+        ok(patch_node(client, api, str(bare.node_id), enabled=False))
+    await step(sessions)
+    service = await service_row(sessions, service_id)
+    assert service.rollout_state == "progressing", service.rollout_reason
+    assert str(bare.node_id) not in (service.backoff or {})
+    [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == new.id]
+    assert lost.phase == "ended" and lost.ended_reason == "node_lost", lost.ended_reason

@@ -558,6 +558,10 @@ async def follow(
             return "ended"
         refused = await load(session, service, replica, template, actor=actor)
         if refused is not None:
+            if await node_lost(session, replica.node_id):
+                # Disabled or decommissioned since the file arrived: not the template's.
+                end(session, service, replica, now, reason=NODE_LOST, actor=actor)
+                return "ended (node lost)"
             fail(session, service, replica, now, policy, refused, actor=actor)
             return "load refused"
         move(session, service, replica, ReplicaPhase.LOADING, now, reason="acquired", actor=actor)
