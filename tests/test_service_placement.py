@@ -631,6 +631,11 @@ async def test_evidence_past_its_device_or_the_estimate_or_from_a_gone_node_is_n
     assert receipt.node_id == fit, receipt.message
     assert receipt.needs_bytes == placement.headroom(8 * GiB)
     assert any("ignored" in record.getMessage() for record in caplog.records)
+    # Said once: the next decision (a sweep every few seconds) does not repeat it.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="store.services.placement"):
+        await fleet.decide(service)
+    assert not any("ignored" in record.getMessage() for record in caplog.records)
 
     # A decommissioned node's evidence is not counted at all.
     gone = fleet.node(devices=[device(free=1 * GiB, total=16 * GiB)], decommissioned=True)

@@ -97,6 +97,7 @@ HEADROOM_FLOOR: Final = 256 * estimates.MiB
 EVIDENCE_FACTOR: Final = 4
 
 _log = logging.getLogger(__name__)
+_warned: set[tuple[str, int, int]] = set()
 
 # What every placement changes, read fresh for each decision.
 _FRESH: Final = text(
@@ -232,7 +233,12 @@ def _plausible(base: MemoryEstimate, figures: Sequence[int], name: str) -> int |
     others are ignored (a node's report is not trusted that far), with a log line."""
     bound = base.total_bytes * EVIDENCE_FACTOR
     kept = [figure for figure in figures if figure <= bound]
-    if len(kept) < len(figures):
+    ignored = (name, base.total_bytes, max(figures, default=0))
+    if len(kept) < len(figures) and ignored not in _warned:
+        # Once per figure and estimate in this process: a sweep decides every few seconds.
+        if len(_warned) >= 1024:
+            _warned.clear()
+        _warned.add(ignored)
         _log.warning(
             "ignored %d %s figure(s) above %d times the estimate (%s; largest %s)",
             len(figures) - len(kept),
