@@ -29,6 +29,7 @@ from store.liveness_sweep import sweep
 from store.models import OutboxEvent
 from store.services import rules
 from store.services.reconcile import ServicePolicy
+from store.services.snapshot import FleetCache
 from store.services.tables import Service, ServiceReplica
 from tests.api_server import ApiFactory, RunningApi
 from tests.artifact_flows import (
@@ -365,9 +366,10 @@ async def events(sessions: async_sessionmaker[AsyncSession], action: str) -> lis
 async def step(
     sessions: async_sessionmaker[AsyncSession], policy: ServicePolicy = POLICY
 ) -> dict[str, list[str]]:
-    """One pass of the deployment reconciler, then the service reconciler."""
+    """One pass of the deployment reconciler, then the service reconciler (on a fleet
+    snapshot of its own: every pass sees the fleet as it is now)."""
     await reconcile_deployments(sessions, RECONCILE_POLICY)
-    return await reconcile_services(sessions, policy)
+    return await reconcile_services(sessions, policy, FleetCache())
 
 
 async def rollout_rounds(

@@ -19,6 +19,7 @@ from schemas.services import UpdateStrategy
 from store import nodes
 from store.deployments.tables import Deployment
 from store.services.reconcile import reconcile_one
+from store.services.snapshot import FleetCache
 from tests.admin_helpers import decommission, ok, patch_node
 from tests.api_server import ApiFactory, RunningApi
 from tests.flows import THRESHOLDS
@@ -164,7 +165,9 @@ async def test_a_placement_never_waits_on_a_node_lock_another_holds(
 
         async def one_step() -> list[str] | None:
             async with sessions() as session, session.begin():
-                return await reconcile_one(session, service_id, POLICY, hold=False, actor="t")
+                return await reconcile_one(
+                    session, service_id, POLICY, hold=False, actor="t", cache=FleetCache()
+                )
 
         done = await asyncio.wait_for(one_step(), 5.0)
         assert done is not None and not any("placed on" in action for action in done), done

@@ -23,6 +23,7 @@ from store.deployments.tables import Deployment
 from store.models import Job, OutboxEvent
 from store.services.reconcile import ServicePolicy, reconcile_one
 from store.services.replicas import back_off, forgive
+from store.services.snapshot import FleetCache
 from store.services.tables import Service, ServiceReplica
 from tests.api_server import ApiFactory, RunningApi
 from tests.deployment_flows import RECONCILE_POLICY
@@ -224,14 +225,18 @@ async def test_no_healing_while_the_partition_breaker_holds(
         await liveness(sessions)
         await reconcile_deployments(sessions, RECONCILE_POLICY)
         async with sessions() as session, session.begin():
-            await reconcile_one(session, service_id, POLICY, hold=True, actor="test")
+            await reconcile_one(
+                session, service_id, POLICY, hold=True, actor="test", cache=FleetCache()
+            )
         rows = await replicas(sessions, service_id)
         return rows[0].phase == "unavailable"
 
     await until(unavailable, "the replica unavailable")
     await asyncio.sleep(POLICY.heal_grace_s + 0.2)  # past the grace on purpose
     async with sessions() as session, session.begin():
-        await reconcile_one(session, service_id, POLICY, hold=True, actor="test")
+        await reconcile_one(
+            session, service_id, POLICY, hold=True, actor="test", cache=FleetCache()
+        )
     assert [row.id for row in await replicas(sessions, service_id)] == [lost.id]
 
 
@@ -434,7 +439,9 @@ async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_devi
     # Eight workers sweep at once, twice over: the two services want six devices and
     # five exist.
     rounds = [
-        await asyncio.gather(*(reconcile_services(sessions, POLICY) for _ in range(8)))
+        await asyncio.gather(
+            *(reconcile_services(sessions, POLICY, FleetCache()) for _ in range(8))
+        )
         for _ in range(2)
     ]
     # The first round places; a placement whose node another step holds gives up for

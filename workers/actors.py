@@ -17,6 +17,7 @@ from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from store.liveness_sweep import sweep
 from store.services.replicas import ServicePolicy
+from store.services.snapshot import FleetCache
 from workers.database import Database
 from workers.deployments import reconcile
 from workers.leases import expire
@@ -111,10 +112,13 @@ def declare_actors(
         workers' reports and channels, the jobs, node liveness)."""
         await reconcile(database.get().sessions, reconcile_policy)
 
+    # The fleet snapshot placement decides from, kept across sweeps by this process.
+    fleet = FleetCache()
+
     async def service_reconcile() -> None:
         """Move every service one step: follow its replicas, place, heal, scale, roll
         out, delete (store/services/reconcile.py)."""
-        await reconcile_services(database.get().sessions, services)
+        await reconcile_services(database.get().sessions, services, fleet)
 
     async def outbox_prune() -> None:
         """Delete the published events past the retention period."""

@@ -23,6 +23,7 @@ from schemas.events import worker_actor
 from store.fleet import partition_hold_active
 from store.services import reconcile as service_reconcile
 from store.services.reconcile import ServicePolicy
+from store.services.snapshot import FleetCache
 
 logger = logging.getLogger("modelforge.workers.services")
 
@@ -34,9 +35,10 @@ ROUNDS = 8
 
 
 async def reconcile(
-    sessions: async_sessionmaker[AsyncSession], policy: ServicePolicy
+    sessions: async_sessionmaker[AsyncSession], policy: ServicePolicy, cache: FleetCache
 ) -> dict[str, list[str]]:
-    """One sweep over every service not deleted; what each step did, by service id."""
+    """One sweep over every service not deleted; what each step did, by service id.
+    `cache`: this process's fleet snapshot, kept from one sweep to the next."""
     async with sessions() as session, session.begin():
         hold = await partition_hold_active(session)
     done: dict[str, list[str]] = {}
@@ -45,7 +47,7 @@ async def reconcile(
         async with sessions() as session, session.begin():
             page = await service_reconcile.due(session, limit=PAGE, after=after)
         for service_id in page:
-            actions = await _steps(sessions, service_id, policy, hold)
+            actions = await _steps(sessions, service_id, policy, hold, cache)
             if actions:
                 done[str(service_id)] = actions
                 for action in actions:
@@ -60,13 +62,14 @@ async def _steps(
     service_id: uuid.UUID,
     policy: ServicePolicy,
     hold: bool,
+    cache: FleetCache,
 ) -> list[str]:
     done: list[str] = []
     for _ in range(ROUNDS):
         try:
             async with sessions() as session, session.begin():
                 actions = await service_reconcile.reconcile_one(
-                    session, service_id, policy, hold=hold, actor=ACTOR
+                    session, service_id, policy, hold=hold, actor=ACTOR, cache=cache
                 )
         except DBAPIError as error:
             logger.warning("service %s: step rolled back (%s)", service_id, error.orig)

@@ -52,7 +52,7 @@ from store.deployments import tables as _deployments  # noqa: F401 (the FK targe
 from store.engine import make_engine, make_sessionmaker
 from store.services.estimate import GiB
 from store.services.placement import decide
-from store.services.snapshot import CACHE, MAX_AGE_S
+from store.services.snapshot import MAX_AGE_S, FleetCache
 from store.services.tables import Service, ServiceReplica
 from tests.placement_flows import COMMIT, DIGEST, PATH, REPO, sized_template
 
@@ -197,51 +197,53 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _decisions(
-    sessions: async_sessionmaker[AsyncSession], service: Service, count: int
+    sessions: async_sessionmaker[AsyncSession], cache: FleetCache, service: Service, count: int
 ) -> tuple[list[float], Any]:
     times: list[float] = []
     receipt = None
     for _ in range(count):
         started = time.perf_counter()
         async with sessions() as session, session.begin():
-            receipt = await decide(session, service, datetime.now(UTC))
+            receipt = await decide(session, service, datetime.now(UTC), cache)
         times.append((time.perf_counter() - started) * 1000)
     return times, receipt
 
 
 async def _sustained(
-    sessions: async_sessionmaker[AsyncSession], service: Service, seconds: float
+    sessions: async_sessionmaker[AsyncSession], cache: FleetCache, service: Service, seconds: float
 ) -> list[float]:
     """Decisions back to back for longer than a snapshot's age: the ones that take a new
     snapshot are among them."""
     times: list[float] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        more, _ = await _decisions(sessions, service, 20)
+        more, _ = await _decisions(sessions, cache, service, 20)
         times += more
     return times
 
 
-async def _refreshes(sessions: async_sessionmaker[AsyncSession], count: int) -> list[float]:
+async def _refreshes(
+    sessions: async_sessionmaker[AsyncSession], cache: FleetCache, count: int
+) -> list[float]:
     """A snapshot taken again (nothing changed: the listing, no report parsed again)."""
     times = []
     for _ in range(count):
         async with sessions() as session:
             started = time.perf_counter()
-            await CACHE.snapshot(session, force=True)
+            await cache.snapshot(session, force=True)
             times.append((time.perf_counter() - started) * 1000)
     return times
 
 
 async def _place_all(
-    sessions: async_sessionmaker[AsyncSession], service: Service
+    sessions: async_sessionmaker[AsyncSession], cache: FleetCache, service: Service
 ) -> tuple[float, int]:
     """decide + insert the replica + commit, as the reconciler does, until placed."""
     placed = 0
     started = time.perf_counter()
     for _ in range(service.replicas):
         async with sessions() as session, session.begin():
-            receipt = await decide(session, service, datetime.now(UTC))
+            receipt = await decide(session, service, datetime.now(UTC), cache)
             if receipt.node_id is None or receipt.device_id is None:
                 break
             session.add(
@@ -258,6 +260,8 @@ async def _figures(
 ) -> dict[str, Any]:
     engine = make_engine(database_url, pool_size=2)
     sessions = make_sessionmaker(engine)
+    # The fleet snapshot a worker process keeps from one decision to the next.
+    cache = FleetCache()
     tag = uuid.uuid4().hex[:8]
     try:
         started = time.perf_counter()
@@ -267,12 +271,14 @@ async def _figures(
         narrow = _service(f"bench-narrow-{tag}", 5 * GiB, 1, {"zone": "z3"}, "cpu")
         async with sessions() as session, session.begin():
             session.add_all([wide, narrow])
-        await _decisions(sessions, wide, 5)  # warm the pool and the plan cache
-        times, receipt = await _decisions(sessions, wide, decisions)
-        sustained = await _sustained(sessions, wide, sustain_s)
-        narrow_times, narrow_receipt = await _decisions(sessions, narrow, max(20, decisions // 4))
-        place_s, placed = await _place_all(sessions, wide)
-        refresh = await _refreshes(sessions, max(5, decisions // 20))
+        await _decisions(sessions, cache, wide, 5)  # warm the pool and the plan cache
+        times, receipt = await _decisions(sessions, cache, wide, decisions)
+        sustained = await _sustained(sessions, cache, wide, sustain_s)
+        narrow_times, narrow_receipt = await _decisions(
+            sessions, cache, narrow, max(20, decisions // 4)
+        )
+        place_s, placed = await _place_all(sessions, cache, wide)
+        refresh = await _refreshes(sessions, cache, max(5, decisions // 20))
     finally:
         await engine.dispose()
     return {

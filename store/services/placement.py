@@ -86,7 +86,7 @@ from store.services.judgment import (
     Rules,
     decide_on,
 )
-from store.services.snapshot import CACHE, FleetCache
+from store.services.snapshot import FleetCache
 from store.services.tables import Service
 
 # The headroom over the estimate: a fraction of it, at least a floor (llama.cpp's own
@@ -97,7 +97,6 @@ HEADROOM_FLOOR: Final = 256 * estimates.MiB
 EVIDENCE_FACTOR: Final = 4
 
 _log = logging.getLogger(__name__)
-_warned: set[tuple[str, int, int]] = set()
 
 # What every placement changes, read fresh for each decision.
 _FRESH: Final = text(
@@ -211,34 +210,41 @@ class Need:
     estimate: MemoryEstimate
 
 
-def need(template: ServiceTemplate, vram: Sequence[int] | None, rss: Sequence[int] | None) -> Need:
+def need(
+    template: ServiceTemplate,
+    vram: Sequence[int] | None,
+    rss: Sequence[int] | None,
+    warned: set[tuple[str, int, int]],
+) -> Need:
     """The template's estimate (or one from the file's size when it has none), refined by
     the largest figure measured by a probe of the same artifact digest and profile (VRAM
-    on a GPU, peak RSS on a CPU; each already capped at its device's total memory)."""
+    on a GPU, peak RSS on a CPU; each already capped at its device's total memory).
+    `warned`: the ignored figures already logged by this process (its FleetCache's)."""
     base = template.estimate
     if base is None:
         base = estimates.estimate(None, template.artifact.size_bytes, LlamaSettings())
-    gpu = estimates.refine(base, _plausible(base, vram or (), "vram_used_bytes"))
+    gpu = estimates.refine(base, _plausible(base, vram or (), "vram_used_bytes", warned))
+    cpu = estimates.refine(base, _plausible(base, rss or (), "peak_rss_bytes", warned))
     return Need(
         gpu=headroom(gpu.total_bytes),
-        cpu=headroom(
-            estimates.refine(base, _plausible(base, rss or (), "peak_rss_bytes")).total_bytes
-        ),
+        cpu=headroom(cpu.total_bytes),
         estimate=gpu,
     )
 
 
-def _plausible(base: MemoryEstimate, figures: Sequence[int], name: str) -> int | None:
+def _plausible(
+    base: MemoryEstimate, figures: Sequence[int], name: str, warned: set[tuple[str, int, int]]
+) -> int | None:
     """The largest measured figure no more than EVIDENCE_FACTOR times the estimate; the
     others are ignored (a node's report is not trusted that far), with a log line."""
     bound = base.total_bytes * EVIDENCE_FACTOR
     kept = [figure for figure in figures if figure <= bound]
     ignored = (name, base.total_bytes, max(figures, default=0))
-    if len(kept) < len(figures) and ignored not in _warned:
+    if len(kept) < len(figures) and ignored not in warned:
         # Once per figure and estimate in this process: a sweep decides every few seconds.
-        if len(_warned) >= 1024:
-            _warned.clear()
-        _warned.add(ignored)
+        if len(warned) >= 1024:
+            warned.clear()
+        warned.add(ignored)
         _log.warning(
             "ignored %d %s figure(s) above %d times the estimate (%s; largest %s)",
             len(figures) - len(kept),
@@ -254,10 +260,10 @@ def _plausible(base: MemoryEstimate, figures: Sequence[int], name: str) -> int |
 
 
 async def decide(
-    session: AsyncSession, service: Service, now: datetime, cache: FleetCache | None = None
+    session: AsyncSession, service: Service, now: datetime, cache: FleetCache
 ) -> PlacementReceipt:
-    """Where the service's next replica goes, or why it goes nowhere: read only."""
-    cache = CACHE if cache is None else cache
+    """Where the service's next replica goes, or why it goes nowhere: read only. `cache`:
+    the process's fleet snapshot (the worker builds one and passes it down)."""
     template = ServiceTemplate.model_validate(service.template)
     placement = Placement.model_validate(service.placement)
     artifact = template.artifact
@@ -282,7 +288,8 @@ async def decide(
         )
     ).one()
     measured = artifact.sha256 is not None
-    needed = need(template, fresh.vram if measured else None, fresh.rss if measured else None)
+    vram, rss = (fresh.vram, fresh.rss) if measured else (None, None)
+    needed = need(template, vram, rss, cache.warned)
     rules = Rules(
         selector=dict(placement.selector),
         kind=placement.device_kind.value if placement.device_kind else None,

@@ -46,6 +46,7 @@ from store.models import Job, Node
 from store.services import measurements, placement
 from store.services import replicas as steps
 from store.services.replicas import ServicePolicy
+from store.services.snapshot import FleetCache
 from store.services.tables import Service, ServiceReplica
 
 __all__ = ["ServicePolicy", "due", "placements", "reconcile_one"]
@@ -84,6 +85,7 @@ class Step:
     policy: ServicePolicy
     hold: bool
     actor: str
+    cache: FleetCache
     done: list[str]
 
     def counts(self, replica: ServiceReplica) -> bool:
@@ -136,14 +138,17 @@ async def reconcile_one(
     *,
     hold: bool,
     actor: str,
+    cache: FleetCache,
 ) -> list[str] | None:
     """Move the service one step; what it did (empty: nothing to do), or None when it
-    is gone, deleted, or another worker holds it now."""
+    is gone, deleted, or another worker holds it now. `cache`: the process's fleet
+    snapshot, which placement decides from (store/services/snapshot.py)."""
     service = await _locked(session, service_id)
     if service is None or service.state == ServiceState.DELETED.value:
         return None
     now = await nodes.now(session)
-    step = Step(session, service, await _live(session, service_id), now, policy, hold, actor, [])
+    live = await _live(session, service_id)
+    step = Step(session, service, live, now, policy, hold, actor, cache, [])
     await _follow(step)
     if service.state == ServiceState.DELETING.value:
         await _delete(step)
@@ -374,7 +379,7 @@ async def _place(step: Step) -> None:
         room = desired + (strategy.max_surge if old else 0)
         if len(new) >= desired or len(new) + len(old) >= room:
             return
-        receipt = await placement.decide(step.session, service, step.now)
+        receipt = await placement.decide(step.session, service, step.now, step.cache)
         _receipt(step, receipt)
         if receipt.outcome != "placed":
             return
@@ -412,7 +417,7 @@ async def _heal_stopped(step: Step) -> bool:
         backoff=service.backoff,
         generation=generation,
     )
-    receipt = await placement.decide(step.session, previous, step.now)
+    receipt = await placement.decide(step.session, previous, step.now, step.cache)
     _receipt(step, receipt)
     if receipt.outcome != "placed":
         return False

@@ -186,15 +186,17 @@ def parse_report(version: int, environments: Any, devices: Any) -> Report:
 
 @dataclass
 class FleetCache:
-    """One per process (CACHE): a snapshot per database, and the parsed reports and
-    roots by node and version, reused across snapshots (bounded by the fleet: a node no
-    longer listed is dropped at the next snapshot)."""
+    """One per process (built by the worker, passed down): a snapshot per database,
+    and the parsed reports and roots by node and version, reused across snapshots
+    (bounded by the fleet: a node no longer listed is dropped at the next snapshot)."""
 
     max_age_s: float = MAX_AGE_S
     refuse_age_s: float = REFUSE_AGE_S
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     reports: dict[uuid.UUID, Report] = field(default_factory=dict)
     roots: dict[uuid.UUID, tuple[int, bool]] = field(default_factory=dict)
+    # Probe figures placement ignored and logged once (store/services/placement.py: need).
+    warned: set[tuple[str, int, int]] = field(default_factory=set)
 
     def fresh(self, session: AsyncSession) -> Snapshot | None:
         snapshot = self.snapshots.get(_database(session))
@@ -309,6 +311,3 @@ def _database(session: AsyncSession) -> str:
     bind = session.get_bind()
     engine = bind if isinstance(bind, Engine) else bind.engine
     return str(engine.url)
-
-
-CACHE: Final = FleetCache()
