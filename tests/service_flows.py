@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -183,6 +184,13 @@ def service_api(api_factory: ApiFactory, **settings: Any) -> RunningApi:
     )
 
 
+@pytest.fixture(name="api")
+def ready_api(api_factory: ApiFactory) -> RunningApi:
+    """The service tests' `api` (a test module imports this as `ready_api as ready_api`):
+    short liveness thresholds and a quick job retry."""
+    return service_api(api_factory, job_retry_base_s=0.1)
+
+
 def on(nodes: list[ServiceNode], node_id: uuid.UUID) -> ServiceNode:
     [found] = [node for node in nodes if node.node_id == node_id]
     return found
@@ -277,37 +285,30 @@ async def create_service(
     return service.id
 
 
-async def _apply(
+async def fleet_serving(
+    sessions: async_sessionmaker[AsyncSession],
+    api: RunningApi,
+    count: int,
+    *,
+    holds: bool = True,
+    **declared: Any,
+) -> tuple[list[ServiceNode], dict[str, Any], uuid.UUID]:
+    """`count` service nodes and a profile (fleet), and a service declared on that
+    profile (create_service, with `declared`): the nodes, the profile, the service."""
+    nodes, profile = fleet(api, count, holds=holds)
+    return nodes, profile, await create_service(sessions, profile["id"], **declared)
+
+
+async def apply_rule(
     sessions: async_sessionmaker[AsyncSession],
     rule: Callable[..., Awaitable[Any]],
     service_id: uuid.UUID,
     *args: Any,
 ) -> None:
-    """One of the rules (store/services/rules.py) on the service, in its own transaction,
-    as the operator."""
+    """One of the rules (store/services/rules.py: scale, delete, rollout, undo) on the
+    service, in its own transaction, as the operator."""
     async with sessions() as session, session.begin():
         await rule(session, service_id, *args, actor=ACTOR)
-
-
-async def scale(
-    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, replicas: int
-) -> None:
-    await _apply(sessions, rules.scale, service_id, replicas)
-
-
-async def delete(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
-    await _apply(sessions, rules.delete, service_id)
-
-
-async def roll_out(
-    sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID, new: ServiceTemplate
-) -> None:
-    """A new template through the rules: the generation moves, the rollout progresses."""
-    await _apply(sessions, rules.rollout, service_id, new)
-
-
-async def undo(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUID) -> None:
-    await _apply(sessions, rules.undo, service_id)
 
 
 async def change(

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -27,8 +26,7 @@ from tests.deployment_flows import answer_invoke, runtime_channel, service_clien
 from tests.measurement_flows import CHUNKS, measured, stream, until
 from tests.service_flows import (
     change,
-    create_service,
-    fleet,
+    fleet_serving,
     made_ready,
     on,
     phases,
@@ -38,10 +36,8 @@ from tests.service_flows import (
     step,
 )
 
-
-@pytest.fixture(name="service_api")
-def _service_api(api_factory: ApiFactory) -> RunningApi:
-    return service_api(api_factory, job_retry_base_s=0.1)
+# The fixture `api` these tests run on.
+from tests.service_flows import ready_api as ready_api
 
 
 async def gateway_says(
@@ -92,13 +88,11 @@ async def sweep(sessions: async_sessionmaker[AsyncSession], service_id: uuid.UUI
 
 
 async def test_autoscale_on_the_gateways_time_to_first_token_and_queue(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
     bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
                        target_ttft_s=1.0, cooldown_s=3600)  # fmt: skip
-    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    nodes, _, service_id = await fleet_serving(sessions, api, 3, autoscale=bounds)
     await made_ready(sessions, api, nodes, service_id)
     assert phases(await replicas(sessions, service_id)) == ["ready"]
 
@@ -156,12 +150,11 @@ async def test_streams_waiting_at_the_gateway_scale_the_service_up(
     """End to end: the API's own row (no row written by the test), from two streams
     relayed through its gateway that the node has not answered yet."""
     api = service_api(api_factory, gateway_first_token_timeout_s=20, gateway_measure_interval_s=0.2)
-    nodes, profile = fleet(api, 2)
-    with api.client() as client:
-        secret = service_client(client, api)
     bounds = Autoscale(min_replicas=1, max_replicas=2, target_queue_per_replica=1.0,
                        cooldown_s=0)  # fmt: skip
-    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    nodes, _, service_id = await fleet_serving(sessions, api, 2, autoscale=bounds)
+    with api.client() as client:
+        secret = service_client(client, api)
     [first] = await made_ready(sessions, api, nodes, service_id)
     busy = on(nodes, first.node_id)
     assert (await service_row(sessions, service_id)).replicas == 1

@@ -7,83 +7,53 @@ PostgreSQL, the test speaking for each node over the protocol."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
+import uuid
 from typing import Any
 
-import httpx
-import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import UpdateStrategy
 from store import nodes
 from store.deployments.tables import Deployment
+from store.services import rules
 from store.services.reconcile import reconcile_one
 from store.services.snapshot import FleetCache
+from store.services.tables import ServiceReplica
 from tests.admin_helpers import decommission, ok, patch_node
-from tests.api_server import ApiFactory, RunningApi
-from tests.flows import THRESHOLDS
-from tests.runtime_flows import create_profile
+from tests.api_server import RunningApi
+from tests.measurement_flows import until
 from tests.service_flows import (
     POLICY,
     ServiceNode,
-    create_service,
-    delete,
+    another_profile,
+    apply_rule,
+    fleet_serving,
+    in_thread,
     liveness,
+    made_ready,
     replicas,
-    roll_out,
     service_node,
     service_row,
     step,
     template,
 )
 
-
-@pytest.fixture(name="service_api")
-def _service_api(api_factory: ApiFactory) -> RunningApi:
-    """An API on the tests' short liveness thresholds, so nodes go offline quickly."""
-    return api_factory(
-        stale_after_s=THRESHOLDS.stale_after_s,
-        offline_after_s=THRESHOLDS.offline_after_s,
-        job_retry_base_s=0.1,
-    )
+# The fixture `api` these tests run on.
+from tests.service_flows import ready_api as ready_api
 
 
-async def in_thread(api: RunningApi, act: Callable[[httpx.Client], Any]) -> Any:
-    def run() -> Any:
-        with api.client() as client:
-            return act(client)
-
-    return await asyncio.to_thread(run)
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not reached in {timeout_s} s: {what}")
-
-
-async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rollout(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
-) -> None:
-    api = service_api
-    with api.client() as client:
-        holder = service_node(client, api, "holder")
-        profile = create_profile(client, api)
-        other = create_profile(client, api, name="other")
-    service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    [old] = await replicas(sessions, service_id)
-    assert old.node_id == holder.node_id
-    await in_thread(api, holder.load)
-    await step(sessions)
+async def new_replica_acquiring(
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> tuple[uuid.UUID, ServiceNode, ServiceReplica]:
+    """A service ready on a node that holds the file, then a rollout to another profile
+    whose new replica goes to a node joining without it: acquiring there. The service,
+    that node, the new replica."""
+    [holder], _, service_id = await fleet_serving(sessions, api, 1)
+    other = another_profile(api, name="other")
+    [_old] = await made_ready(sessions, api, [holder], service_id)
     with api.client() as client:
         bare = service_node(client, api, "bare", holds=False)
-    await roll_out(sessions, service_id, template(other["id"]))
+    await apply_rule(sessions, rules.rollout, service_id, template(other["id"]))
 
     async def placed() -> list[Any]:
         await step(sessions)
@@ -91,6 +61,27 @@ async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rol
 
     [new] = await until(placed, "a replica of the new template placed")
     assert new.node_id == bare.node_id and new.phase == "acquiring", (new.node_id, new.phase)
+    return service_id, bare, new
+
+
+async def assert_lost_not_blamed(
+    sessions: async_sessionmaker[AsyncSession],
+    service_id: uuid.UUID,
+    node: ServiceNode,
+    lost_id: uuid.UUID,
+) -> None:
+    """The rollout goes on, the node is not backed off, the replica ended "node_lost"."""
+    service = await service_row(sessions, service_id)
+    assert service.rollout_state == "progressing", service.rollout_reason
+    assert str(node.node_id) not in (service.backoff or {})
+    [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == lost_id]
+    assert lost.phase == "ended" and lost.ended_reason == "node_lost", lost.ended_reason
+
+
+async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rollout(
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    service_id, bare, new = await new_replica_acquiring(api, sessions)
 
     # The operator decommissions the node mid-download: its job is cancelled.
     with api.client() as client:
@@ -106,31 +97,20 @@ async def test_a_decommission_while_a_new_replica_acquires_does_not_stop_the_rol
         ]
 
     [replacement] = await until(replaced, "a replacement of the new template placed")
-    service = await service_row(sessions, service_id)
-    assert service.rollout_state == "progressing", service.rollout_reason
-    assert str(bare.node_id) not in (service.backoff or {})
-    [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == new.id]
-    assert lost.phase == "ended" and lost.ended_reason == "node_lost"
+    await assert_lost_not_blamed(sessions, service_id, bare, new.id)
     assert replacement.generation == 2
 
 
 async def test_a_delete_completes_when_a_draining_replica_s_node_stays_offline(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """A replica draining on a node that is offline but still enabled ends "node_lost"
     past the drain deadline and the heal grace, so the delete completes; its deployment
     stays draining for the node's return (the deployment reconciler unloads it then)."""
-    api = service_api
-    with api.client() as client:
-        gone: ServiceNode = service_node(client, api, "gone")
-        profile = create_profile(client, api)
     strategy = UpdateStrategy(drain_deadline_s=0.5)
-    service_id = await create_service(sessions, profile["id"], strategy=strategy)
-    await step(sessions)
-    [replica] = await replicas(sessions, service_id)
-    await in_thread(api, gone.load)
-    await step(sessions)
-    await delete(sessions, service_id)
+    [gone], _, service_id = await fleet_serving(sessions, api, 1, strategy=strategy)
+    [replica] = await made_ready(sessions, api, [gone], service_id)
+    await apply_rule(sessions, rules.delete, service_id)
     await step(sessions)
     assert [r.phase for r in await replicas(sessions, service_id)] == ["draining"]
 
@@ -149,17 +129,13 @@ async def test_a_delete_completes_when_a_draining_replica_s_node_stays_offline(
 
 
 async def test_a_placement_never_waits_on_a_node_lock_another_holds(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """A reconciler step may already hold a node's lock (following a replica there) when
     it places on another node: were it to wait for that node's lock, two steps placing
     on each other's nodes would deadlock. The placement only tries the node's lock; held
     elsewhere, it gives the placement up for this sweep and places on the next one."""
-    api = service_api
-    with api.client() as client:
-        only = service_node(client, api, "only")
-        profile = create_profile(client, api)
-    service_id = await create_service(sessions, profile["id"])
+    [only], _, service_id = await fleet_serving(sessions, api, 1)
     async with sessions() as holder, holder.begin():
         await nodes.lock(holder, only.node_id)  # another transaction holds the node
 
@@ -179,37 +155,15 @@ async def test_a_placement_never_waits_on_a_node_lock_another_holds(
 
 
 async def test_a_node_disabled_once_the_new_replica_acquired_does_not_stop_the_rollout(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """The artifact job succeeded, then the operator disabled the node before the load
     was created: the load is refused there (not schedulable), which is the node's
     standing, not the template's fault. The replica ends "node_lost", no backoff, and
     the rollout goes on."""
-    api = service_api
-    with api.client() as client:
-        holder = service_node(client, api, "holder")
-        profile = create_profile(client, api)
-        other = create_profile(client, api, name="other")
-    service_id = await create_service(sessions, profile["id"])
-    await step(sessions)
-    await in_thread(api, holder.load)
-    await step(sessions)
-    with api.client() as client:
-        bare = service_node(client, api, "bare", holds=False)
-    await roll_out(sessions, service_id, template(other["id"]))
-
-    async def placed() -> list[Any]:
-        await step(sessions)
-        return [r for r in await replicas(sessions, service_id) if r.generation == 2]
-
-    [new] = await until(placed, "a replica of the new template placed")
-    assert new.node_id == bare.node_id and new.phase == "acquiring"
+    service_id, bare, new = await new_replica_acquiring(api, sessions)
     await in_thread(api, bare.acquire)
     with api.client() as client:
         ok(patch_node(client, api, str(bare.node_id), enabled=False))
     await step(sessions)
-    service = await service_row(sessions, service_id)
-    assert service.rollout_state == "progressing", service.rollout_reason
-    assert str(bare.node_id) not in (service.backoff or {})
-    [lost] = [r for r in await replicas(sessions, service_id, ended=True) if r.id == new.id]
-    assert lost.phase == "ended" and lost.ended_reason == "node_lost", lost.ended_reason
+    await assert_lost_not_blamed(sessions, service_id, bare, new.id)

@@ -14,13 +14,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from schemas.services import Autoscale, UpdateStrategy
 from store.deployments.tables import Deployment
 from store.models import Job, OutboxEvent
+from store.services import rules
 from store.services.reconcile import ServicePolicy, reconcile_one
 from store.services.replicas import back_off, forgive
 from store.services.snapshot import FleetCache
@@ -30,12 +30,14 @@ from tests.deployment_flows import RECONCILE_POLICY
 from tests.measurement_flows import until
 from tests.service_flows import (
     POLICY,
+    ServiceNode,
     another_profile,
+    apply_rule,
     change,
     create_service,
-    delete,
     events,
     fleet,
+    fleet_serving,
     in_thread,
     liveness,
     load_all,
@@ -45,33 +47,55 @@ from tests.service_flows import (
     phases,
     ready_count,
     replicas,
-    roll_out,
     rollout_rounds,
-    scale,
-    service_api,
     service_node,
     service_row,
     step,
     sweep_keeping_alive,
     template,
-    undo,
 )
+
+# The fixture `api` these tests run on.
+from tests.service_flows import ready_api as ready_api
 from tests.worker_processes import Workers
 from workers.deployments import reconcile as reconcile_deployments
 from workers.service_reconcile import reconcile as reconcile_services
 
 
-@pytest.fixture(name="service_api")
-def _service_api(api_factory: ApiFactory) -> RunningApi:
-    return service_api(api_factory, job_retry_base_s=0.1)
+async def ready_on_one_of_two(
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> tuple[list[ServiceNode], uuid.UUID, ServiceReplica, ServiceNode, ServiceNode]:
+    """Two nodes and a service of one replica made ready on one of them: the nodes, the
+    service, the replica, its node and the other node."""
+    nodes, _, service_id = await fleet_serving(sessions, api, 2)
+    [replica] = await made_ready(sessions, api, nodes, service_id)
+    holder = on(nodes, replica.node_id)
+    other = next(node for node in nodes if node is not holder)
+    return nodes, service_id, replica, holder, other
+
+
+async def rollout_stopped_by_a_failed_load(
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+) -> tuple[list[ServiceNode], dict[str, Any], uuid.UUID, ServiceReplica, ServiceNode]:
+    """Three nodes, a service of one replica made ready, then rolled out to another
+    profile: the new replica's node fails its load for good, and a sweep sees it. The
+    nodes, the first profile, the service, the old replica and the failing node."""
+    nodes, profile, service_id = await fleet_serving(sessions, api, 3)
+    broken = another_profile(api, name="broken")
+    [old] = await made_ready(sessions, api, nodes, service_id)
+    await apply_rule(sessions, rules.rollout, service_id, template(broken["id"]))
+    await step(sessions)
+    [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
+    failing = on(nodes, new.node_id)
+    await in_thread(api, failing.fail_load)
+    await step(sessions)
+    return nodes, profile, service_id, old, failing
 
 
 async def test_replicas_spread_over_nodes_and_become_ready(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
-    service_id = await create_service(sessions, profile["id"], replicas=2)
+    nodes, _, service_id = await fleet_serving(sessions, api, 3, replicas=2)
     done = await step(sessions)
     placed = await replicas(sessions, service_id)
     assert len(placed) == 2 and phases(placed) == ["loading", "loading"], done
@@ -90,11 +114,9 @@ async def test_replicas_spread_over_nodes_and_become_ready(
 
 
 async def test_a_node_lacking_the_file_acquires_it_then_loads(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    [node], profile = fleet(api, 1, holds=False)
-    service_id = await create_service(sessions, profile["id"])
+    [node], _, service_id = await fleet_serving(sessions, api, 1, holds=False)
     await step(sessions)
     [replica] = await replicas(sessions, service_id)
     assert replica.phase == "acquiring" and replica.artifact_job_id is not None
@@ -115,11 +137,9 @@ async def test_a_node_lacking_the_file_acquires_it_then_loads(
 
 
 async def test_a_failed_acquisition_moves_the_replica_with_a_backoff(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    [bare], profile = fleet(api, 1, holds=False)
-    service_id = await create_service(sessions, profile["id"])
+    [bare], _, service_id = await fleet_serving(sessions, api, 1, holds=False)
     await step(sessions)
     [replica] = await replicas(sessions, service_id)
     assert replica.phase == "acquiring"
@@ -139,11 +159,9 @@ async def test_a_failed_acquisition_moves_the_replica_with_a_backoff(
 
 
 async def test_a_failed_load_moves_the_replica_elsewhere_with_a_backoff(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    service_id = await create_service(sessions, profile["id"])
+    nodes, _, service_id = await fleet_serving(sessions, api, 2)
     await step(sessions)
     [first] = await replicas(sessions, service_id)
     failing = on(nodes, first.node_id)
@@ -165,14 +183,9 @@ async def test_a_failed_load_moves_the_replica_elsewhere_with_a_backoff(
 
 
 async def test_a_lost_replica_is_replaced_and_drained_when_its_node_returns(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    service_id = await create_service(sessions, profile["id"])
-    [lost] = await made_ready(sessions, api, nodes, service_id)
-    lost_node = on(nodes, lost.node_id)
-    other = next(node for node in nodes if node is not lost_node)
+    nodes, service_id, lost, lost_node, other = await ready_on_one_of_two(api, sessions)
     assert phases(await replicas(sessions, service_id)) == ["ready"]
 
     # The node goes silent: offline, its deployment unavailable, then (past the heal
@@ -211,14 +224,9 @@ async def test_a_lost_replica_is_replaced_and_drained_when_its_node_returns(
 
 
 async def test_no_healing_while_the_partition_breaker_holds(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    service_id = await create_service(sessions, profile["id"])
-    [lost] = await made_ready(sessions, api, nodes, service_id)
-    lost_node = on(nodes, lost.node_id)
-    other = next(node for node in nodes if node is not lost_node)
+    _, service_id, lost, _, other = await ready_on_one_of_two(api, sessions)
 
     async def unavailable() -> bool:
         await in_thread(api, other.beat)
@@ -241,15 +249,13 @@ async def test_no_healing_while_the_partition_breaker_holds(
 
 
 async def test_scale_down_drains_the_surplus(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    service_id = await create_service(sessions, profile["id"], replicas=2)
+    nodes, _, service_id = await fleet_serving(sessions, api, 2, replicas=2)
     await made_ready(sessions, api, nodes, service_id)
     before = await replicas(sessions, service_id)
     assert phases(before) == ["ready", "ready"]
-    await scale(sessions, service_id, 1)
+    await apply_rule(sessions, rules.scale, service_id, 1)
     await step(sessions)
     rows = await replicas(sessions, service_id)
     assert phases(rows) == ["draining", "ready"]
@@ -265,13 +271,11 @@ async def test_scale_down_drains_the_surplus(
 
 
 async def test_delete_drains_every_replica_then_the_service_is_deleted(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    service_id = await create_service(sessions, profile["id"], replicas=2)
+    nodes, _, service_id = await fleet_serving(sessions, api, 2, replicas=2)
     await made_ready(sessions, api, nodes, service_id)
-    await delete(sessions, service_id)
+    await apply_rule(sessions, rules.delete, service_id)
     await step(sessions)
     assert phases(await replicas(sessions, service_id)) == ["draining", "draining"]
     assert (await service_row(sessions, service_id)).state == "deleting"
@@ -287,14 +291,12 @@ async def test_delete_drains_every_replica_then_the_service_is_deleted(
 
 
 async def test_a_rollout_replaces_one_replica_at_a_time(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
+    nodes, _, service_id = await fleet_serving(sessions, api, 3, replicas=2)
     other = another_profile(api, name="roomier", ctx_size=1024)
-    service_id = await create_service(sessions, profile["id"], replicas=2)
     old = await made_ready(sessions, api, nodes, service_id)
-    await roll_out(sessions, service_id, template(other["id"]))
+    await apply_rule(sessions, rules.rollout, service_id, template(other["id"]))
     async for rows in rollout_rounds(sessions, service_id, most=6):
         # Never fewer than desired ready (max_unavailable 0), never more than one
         # extra (max_surge 1) counting what does not drain.
@@ -327,18 +329,9 @@ async def test_a_rollout_replaces_one_replica_at_a_time(
 
 
 async def test_a_failed_new_replica_stops_the_rollout_and_the_old_one_keeps_serving(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
-    other = another_profile(api, name="broken")
-    service_id = await create_service(sessions, profile["id"])
-    [old] = await made_ready(sessions, api, nodes, service_id)
-    await roll_out(sessions, service_id, template(other["id"]))
-    await step(sessions)
-    [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
-    await in_thread(api, on(nodes, new.node_id).fail_load)
-    await step(sessions)
+    _, _, service_id, old, _ = await rollout_stopped_by_a_failed_load(api, sessions)
     service = await service_row(sessions, service_id)
     assert service.rollout_state == "stopped"
     assert service.rollout_reason is not None and "out_of_memory" in service.rollout_reason
@@ -350,18 +343,16 @@ async def test_a_failed_new_replica_stops_the_rollout_and_the_old_one_keeps_serv
     actions = [e["data"]["action"] for e in await events(sessions, "service.changed")]
     assert actions == ["rollout", "rollout_stopped"]
     # An undo relabels the old replica as the current generation: complete at once.
-    await undo(sessions, service_id)
+    await apply_rule(sessions, rules.undo, service_id)
     await step(sessions)
     assert (await service_row(sessions, service_id)).rollout_state == "complete"
     assert [row.id for row in await replicas(sessions, service_id)] == [old.id]
 
 
 async def test_an_unplaceable_replica_is_one_event_until_the_reason_changes(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    _, profile = fleet(api, 1)
-    service_id = await create_service(sessions, profile["id"], replicas=2)
+    _, _, service_id = await fleet_serving(sessions, api, 1, replicas=2)
     for _ in range(4):
         await step(sessions)
     assert len(await replicas(sessions, service_id)) == 1
@@ -386,13 +377,11 @@ async def test_an_unplaceable_replica_is_one_event_until_the_reason_changes(
 
 
 async def test_autoscale_on_queue_depth_with_hysteresis_and_cooldown(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
     bounds = Autoscale(min_replicas=1, max_replicas=3, target_queue_per_replica=2.0,
                        cooldown_s=3600)  # fmt: skip
-    service_id = await create_service(sessions, profile["id"], autoscale=bounds)
+    nodes, _, service_id = await fleet_serving(sessions, api, 3, autoscale=bounds)
     [first] = await made_ready(sessions, api, nodes, service_id)
     busy = on(nodes, first.node_id)
     deployment_id = str(first.deployment_id)
@@ -430,9 +419,8 @@ async def test_autoscale_on_queue_depth_with_hysteresis_and_cooldown(
 
 
 async def test_concurrent_sweeps_never_place_more_than_desired_nor_two_on_a_device(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
     _, profile = fleet(api, 5)
     first = await create_service(sessions, profile["id"], name="first", replicas=3)
     second = await create_service(sessions, profile["id"], name="second", replicas=3)
@@ -491,17 +479,15 @@ async def test_worker_processes_run_the_service_sweep(
 
 
 async def test_a_rollout_on_a_full_fleet_makes_room_within_max_unavailable(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """Every node holds a replica: with max_unavailable 1 an old replica drains first
     (one ready left), its device takes a new one, and so on; never below one ready."""
-    api = service_api
-    nodes, profile = fleet(api, 2)
-    other = another_profile(api, name="roomier", ctx_size=1024)
     strategy = UpdateStrategy(max_surge=1, max_unavailable=1, drain_deadline_s=5)
-    service_id = await create_service(sessions, profile["id"], replicas=2, strategy=strategy)
+    nodes, _, service_id = await fleet_serving(sessions, api, 2, replicas=2, strategy=strategy)
+    other = another_profile(api, name="roomier", ctx_size=1024)
     await made_ready(sessions, api, nodes, service_id)
-    await roll_out(sessions, service_id, template(other["id"]))
+    await apply_rule(sessions, rules.rollout, service_id, template(other["id"]))
     async for rows in rollout_rounds(sessions, service_id, most=8):
         assert ready_count(rows) >= 1, phases(rows)
         assert sum(1 for row in rows if row.phase == "draining") <= 1, phases(rows)
@@ -515,11 +501,9 @@ async def test_a_rollout_on_a_full_fleet_makes_room_within_max_unavailable(
 
 
 async def test_an_acquisition_on_a_node_gone_offline_is_given_up_after_the_grace(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    [bare], profile = fleet(api, 1, holds=False)
-    service_id = await create_service(sessions, profile["id"])
+    [bare], _, service_id = await fleet_serving(sessions, api, 1, holds=False)
     await step(sessions)
     [acquiring] = await replicas(sessions, service_id)
     assert acquiring.phase == "acquiring" and acquiring.node_id == bare.node_id
@@ -565,9 +549,8 @@ def test_the_backoff_grows_per_node_is_capped_and_forgotten() -> None:
 
 
 async def test_a_service_whose_step_fails_does_not_stop_the_sweep(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
     _, profile = fleet(api, 1)
     broken = await create_service(sessions, profile["id"], name="broken")
     # First in the sweep's order, with a template no model accepts.
@@ -581,20 +564,10 @@ async def test_a_service_whose_step_fails_does_not_stop_the_sweep(
 
 
 async def test_a_stopped_rollout_replaces_a_lost_old_replica_with_the_old_template(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    api = service_api
-    nodes, profile = fleet(api, 3)
-    broken = another_profile(api, name="broken")
-    service_id = await create_service(sessions, profile["id"])
-    [old] = await made_ready(sessions, api, nodes, service_id)
+    nodes, profile, service_id, old, failing = await rollout_stopped_by_a_failed_load(api, sessions)
     lost_node = on(nodes, old.node_id)
-    await roll_out(sessions, service_id, template(broken["id"]))
-    await step(sessions)
-    [new] = [row for row in await replicas(sessions, service_id) if row.generation == 2]
-    failing = on(nodes, new.node_id)
-    await in_thread(api, failing.fail_load)
-    await step(sessions)
     assert (await service_row(sessions, service_id)).rollout_state == "stopped"
     spare = next(node for node in nodes if node not in (lost_node, failing))
 
@@ -619,13 +592,11 @@ async def test_a_stopped_rollout_replaces_a_lost_old_replica_with_the_old_templa
 
 
 async def test_a_load_no_one_claims_goes_elsewhere_after_the_claim_timeout(
-    service_api: RunningApi, sessions: async_sessionmaker[AsyncSession]
+    api: RunningApi, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """A node online whose runtime worker takes nothing (it died, its agent beats)."""
-    api = service_api
-    _, profile = fleet(api, 2)
     policy = replace(POLICY, claim_timeout_s=0.5)
-    service_id = await create_service(sessions, profile["id"])
+    _, _, service_id = await fleet_serving(sessions, api, 2)
     await step(sessions, policy)
     [stuck] = await replicas(sessions, service_id)
     assert stuck.phase == "loading"
