@@ -116,8 +116,7 @@ def create(
     max_concurrent: Annotated[int | None, typer.Option()] = None,
     json: JsonOption = False,
 ) -> None:
-    """Declare a service (-f body.json, or the flags: --name, --repository, --path and
-    --profile at least). The reconciler places its replicas."""
+    """Declare a service: -f body.json, or at least --name, --repository, --path, --profile."""
     if file is not None:
         body = read_body(file, ServiceCreate)
     else:
@@ -160,6 +159,7 @@ def list_services(
     name: Annotated[str | None, typer.Option()] = None,
     json: JsonOption = False,
 ) -> None:
+    """The services, newest first: ready/desired replicas, rollout, last receipt."""
     show_page(
         ctx,
         json,
@@ -192,6 +192,7 @@ def scale(
     replicas: Annotated[int, typer.Argument(help="the desired count")],
     json: JsonOption = False,
 ) -> None:
+    """Set the desired replicas: more are placed, the surplus drains."""
     body = ServiceScale.model_validate({"replicas": replicas})
     _act(ctx, json, service, "scale", body)
 
