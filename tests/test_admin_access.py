@@ -51,6 +51,7 @@ def call_admin(
         "profile_id",
         "client_id",
         "deployment_id",
+        "service_id",
     ):
         concrete = concrete.replace("{" + name + "}", str(uuid.uuid4()))
     concrete = concrete.replace("{seq}", "1")
