@@ -49,7 +49,7 @@ from agent.client import ProtocolClient
 from agent.collectors.simulated import simulated_gpu_uuid
 from agent.errors import RequestFailed
 from agent.jobs.dispatch import Executor, FamilyJobs
-from agent.jobs.lease import Failed, LeasedJob, Reports
+from agent.jobs.lease import Failed, LeasedJob, Reports, report_every
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, hold_events, note_kind, wait_for_wake
 from agent.sequencing import send_sequenced
@@ -489,7 +489,7 @@ class SimJob(LeasedJob[ProgressT, DoneT, FailT], Generic[ClaimT, ProgressT, Done
             claim.lease,
             reports,
             name=f"{claim.kind} {claim.job_id}",
-            report_every_s=max(0.2, min(5.0, claim.lease.renew_within_s / 2)),
+            report_every_s=report_every(claim.lease),
         )
         self.claim = claim
         self.runtime = runtime

@@ -81,6 +81,12 @@ def printable_detail(text: str) -> str:
     return escaped[:DETAIL_CHARS]
 
 
+def report_every(lease: Lease) -> float:
+    """How often a job that has no progress of its own reports: twice per renewal, so
+    one lost report still leaves time for the next, within 0.2 to 5 s."""
+    return max(0.2, min(5.0, lease.renew_within_s / 2))
+
+
 class Failed(Exception):
     """The job failed on this node: its kind's failure code, whether another attempt
     may help, and a detail for the operator (made printable_detail)."""

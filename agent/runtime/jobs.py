@@ -13,7 +13,7 @@ from typing import Literal
 
 from typing_extensions import TypeVar
 
-from agent.jobs.lease import Failed, LeasedJob, Reports
+from agent.jobs.lease import Failed, LeasedJob, Reports, report_every
 from agent.runtime.worker import RuntimeWorker
 from schemas.jobs import JobKind, Lease
 from schemas.runtime import (
@@ -71,8 +71,7 @@ class RuntimeJob(LeasedJob[RuntimeJobProgress, Done, RuntimeJobFail]):
             lease,
             reports,
             name=f"{kind.value} {job_id}",
-            # Twice per renewal: one lost report still leaves time for the next.
-            report_every_s=max(0.2, min(5.0, lease.renew_within_s / 2)),
+            report_every_s=report_every(lease),
         )
         self.kind = kind
         self.worker = worker
