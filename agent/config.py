@@ -24,6 +24,7 @@ from agent.client import TlsOptions
 from agent.errors import ConfigError
 from agent.failover import checked_endpoint, checked_failover
 from schemas.base import RootPath
+from schemas.hub import HUB_URL
 
 ENV_PREFIX = "MODELFORGE_AGENT_"
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
@@ -83,7 +84,7 @@ class AgentConfig(YamlSettings):
     artifact_roots: list[RootPath] = Field(default_factory=list, max_length=16)
     # Where artifact files come from: a Hub-layout source (the Hub or a mirror), and a
     # file holding its token, if it needs one. With no artifact_roots no job is claimed.
-    artifact_source_url: str = "https://huggingface.co"
+    artifact_source_url: str = HUB_URL
     artifact_source_token_file: Path | None = None
     # Claims are polled this often (notifications, when they arrive, only cut latency).
     job_poll_interval_s: float = Field(default=5.0, gt=0)

@@ -46,6 +46,7 @@ from agent.sources.hub import HubSource, source_session
 from agent.state import Identity, Sequences, StateDir
 from schemas.agent import PROTOCOL_VERSION, EnrollRequest
 from schemas.artifacts import ARTIFACT_FAMILY
+from schemas.hub import source_shown
 
 logger = logging.getLogger("modelforge.agent")
 
@@ -194,6 +195,13 @@ class Agent:
         if not config.artifact_roots:
             return await publisher.run(stop)
         done = asyncio.Event()
+        # Which source the files come from, named at start: offline, a Hub left in place
+        # of a mirror fails every job only later, as `source_unavailable`.
+        logger.info(
+            "artifact jobs into %s, files from %s (artifact_source_url)",
+            ", ".join(str(root) for root in config.artifact_roots),
+            source_shown(config.artifact_source_url),
+        )
         token = (
             config.artifact_source_token_file.read_text().strip()
             if config.artifact_source_token_file

@@ -20,8 +20,11 @@ real protocol over HTTP, so thousands of nodes can hold deployments on two cores
   plane records them in the node's inventory exactly as after a real acquisition; a
   load then finds its file by path.
 * **Invokes**: answered with generated tokens at `tokens_per_s`, in llama-server's
-  shape (chat.completion.chunk events, then `data: [DONE]`; or one chat.completion),
-  posted on the invoke's stream as the real worker posts llama-server's bytes.
+  shape for the endpoint (agent/sim_answers.py: chat or completion events, then
+  `data: [DONE]`; or one whole answer; embeddings always whole), posted on the
+  invoke's stream as the real worker posts llama-server's bytes. An endpoint the
+  deployment's load did not declare is refused `endpoint_not_served` (404), as the
+  real worker refuses it.
 
 Requests go through the fleet's shared, bounded pool; the held channels and the invoke
 streams, which last, go through a second pool without that bound (a slot held for a
@@ -33,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -53,6 +55,7 @@ from agent.jobs.lease import Failed, LeasedJob, Reports, report_every
 from agent.jobs.loop import claim_loop
 from agent.jobs.wakeups import Wakeups, hold_events, note_kind, wait_for_wake
 from agent.sequencing import send_sequenced
+from agent.sim_answers import Events, Generating, embeddings_answer, plain_answer, prompt_count
 from agent.state import Sequences
 from schemas.artifacts import (
     ARTIFACT_FAMILY,
@@ -73,7 +76,9 @@ from schemas.deployments import (
     TargetClaim,
     UnloadComplete,
 )
+from schemas.endpoints import Endpoint, default_endpoints
 from schemas.gateway import Invoke, InvokeCancel, InvokeRefusal
+from schemas.gateway_endpoints import CompletionParams, EmbeddingParams
 from schemas.jobs import FailReport, FailureCode, JobKind
 from schemas.protocol import RUNTIME_CHANNEL, StreamName
 from schemas.runtime import (
@@ -138,6 +143,7 @@ class SimDeployment:
     model: str
     max_concurrent: int
     memory_bytes: int
+    endpoints: list[Endpoint] = field(default_factory=default_endpoints)
     draining: bool = False
     invokes: dict[uuid.UUID, asyncio.Task[str]] = field(default_factory=dict)
     # Set whenever an invoke ends (a drain waits on it).
@@ -325,6 +331,12 @@ class SimRuntime:
         deployed = self.deployments.get(invoke.deployment_id)
         if deployed is None:
             return await self._refuse(invoke, 503, "deployment_not_loaded", "not loaded here")
+        params = invoke.params
+        endpoint = (
+            params.endpoint if isinstance(params, CompletionParams | EmbeddingParams) else "chat"
+        )
+        if endpoint not in deployed.endpoints:
+            return await self._refuse(invoke, 404, "endpoint_not_served", f"no {endpoint} here")
         if deployed.draining:
             return await self._refuse(invoke, 503, "deployment_draining", "no new invokes")
         if len(deployed.invokes) >= deployed.max_concurrent:
@@ -335,17 +347,24 @@ class SimRuntime:
         self.changed.set()
         self.counters.invokes += 1
         try:
-            params = invoke.params
-            tokens = max(1, min(params.max_tokens, MAX_ANSWER_TOKENS))
             body: bytes | AsyncIterator[bytes]
-            if params.stream:
-                body = self._events(invoke, deployed, tokens)
-                content_type = "text/event-stream"
+            content_type = "application/json"
+            if isinstance(params, EmbeddingParams):
+                # One forward pass per input, no generation: a token's time for them all.
+                await asyncio.sleep(1.0 / self.options.tokens_per_s)
+                body = embeddings_answer(params, deployed.model)
             else:
-                await asyncio.sleep(tokens / self.options.tokens_per_s)
-                body = _completion(invoke, deployed.model, tokens)
-                self.counters.tokens += tokens
-                content_type = "application/json"
+                tokens = max(1, min(params.max_tokens, MAX_ANSWER_TOKENS))
+                if params.stream:
+                    body = self._events(invoke.invoke_id, params, deployed, tokens)
+                    content_type = "text/event-stream"
+                else:
+                    # A list's prompts are generated one after the other, as the real
+                    # worker asks llama-server for them (agent/runtime/completion_list.py).
+                    generated = tokens * prompt_count(params)
+                    await asyncio.sleep(generated / self.options.tokens_per_s)
+                    body = plain_answer(params, invoke.invoke_id, deployed.model, tokens)
+                    self.counters.tokens += generated
             await self.streams.stream_invoke(
                 invoke.invoke_id,
                 invoke.lease,
@@ -365,30 +384,15 @@ class SimRuntime:
             self.changed.set()
 
     async def _events(
-        self, invoke: Invoke, deployed: SimDeployment, tokens: int
+        self, invoke_id: uuid.UUID, params: Generating, deployed: SimDeployment, tokens: int
     ) -> AsyncIterator[bytes]:
-        """chat.completion.chunk events at the configured rate, as llama-server streams."""
-        ident = f"chatcmpl-{invoke.invoke_id.hex[:16]}"
-        created = int(time.time())
-
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            event = {
-                "id": ident,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": deployed.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                **extra,
-            }
-            return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
-
-        # A token's event is this chunk with its text in place of the marker: built once,
-        # so a token costs a bytes join, not a JSON encoding (thousands of streams share
-        # the simulator's core).
-        head, tail = chunk({"content": "\x00"}).split(b"\\u0000")
+        """The answer's events at the configured rate, as llama-server streams them."""
+        events = Events(params, invoke_id, deployed.model)
+        head, tail = events.token_frame()
         interval = 1.0 / self.options.tokens_per_s
         start = time.monotonic()
-        yield chunk({"role": "assistant", "content": ""})
+        if (opening := events.opening()) is not None:
+            yield opening
         for i in range(tokens):
             # Paced against the start, not the previous token: a late wake-up does not
             # slow the whole answer down.
@@ -401,12 +405,8 @@ class SimRuntime:
                 return
             self.counters.tokens += 1
             yield b"%stok%d %s" % (head, i, tail)
-        yield chunk({}, "length" if tokens == invoke.params.max_tokens else "stop")
-        if invoke.params.include_usage:
-            usage = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": tokens + 8}
-            event = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                     "model": deployed.model, "choices": [], "usage": usage}  # fmt: skip
-            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+        for event in events.ending(tokens):
+            yield event
         yield STREAM_DONE
 
     async def _refuse(self, invoke: Invoke, status: int, code: Any, message: str) -> str:
@@ -582,8 +582,9 @@ class SimDeploymentJob(SimJob[LoadClaim | TargetClaim, RuntimeJobProgress, Any, 
             raise Failed(RuntimeFailure.DEVICE_PINNED, f"{spec.device_id} was taken",
                          retryable=False)  # fmt: skip
         deployed = SimDeployment(
-            spec.deployment_id, spec.device_id, spec.model, spec.max_concurrent, need
-        )
+            spec.deployment_id, spec.device_id, spec.model, spec.max_concurrent, need,
+            endpoints=list(spec.endpoints),
+        )  # fmt: skip
         device.deployment = deployed
         runtime.deployments[spec.deployment_id] = deployed
         runtime.counters.loads += 1
@@ -677,14 +678,3 @@ ARTIFACT_EXECUTORS: Final = (
     Executor(JobKind.ARTIFACT_ACQUIRE, ArtifactClaim, SimArtifactJob),
     Executor(JobKind.ARTIFACT_EVICT, EvictClaim, SimArtifactJob),
 )
-
-
-def _completion(invoke: Invoke, model: str, tokens: int) -> bytes:
-    text = "".join(f"tok{i} " for i in range(tokens))
-    return json.dumps({
-        "id": f"chatcmpl-{invoke.invoke_id.hex[:16]}", "object": "chat.completion",
-        "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "finish_reason": "length" if tokens == invoke.params.max_tokens
-                     else "stop", "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": tokens + 8},
-    }).encode()  # fmt: skip

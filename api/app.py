@@ -24,6 +24,7 @@ from api.gateway.limits import ClientLimits
 from api.gateway.measurements import gateway_measurements
 from api.gateway.relay import invoke_relay
 from api.gateway.routes import router as gateway_router
+from api.gateway.usage import gateway_usage
 from api.handlers import install_exception_handlers
 from api.health import router as health_router
 from api.heartbeat_buffer import heartbeat_buffer
@@ -113,6 +114,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                 gateway_measurements(
                     sessions, invokes.id, settings.gateway_measure_interval_s
                 ) as measurements,
+                gateway_usage(sessions, settings.gateway_measure_interval_s, metrics) as usage,
                 heartbeat_buffer(
                     sessions, settings.heartbeat_flush_s, metrics.heartbeats_flushed
                 ) as heartbeats,
@@ -150,6 +152,7 @@ def create_app(settings: ApiSettings, held_streams: HeldStreams | None = None) -
                     client_limits=ClientLimits(),
                     gateway_cache=gateway,
                     measurements=measurements,
+                    usage=usage,
                     telemetry=telemetry,
                     returns=returns,
                     events=events,

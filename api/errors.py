@@ -83,3 +83,10 @@ class TooManyRequests(ApiError):
 
     status_code = 429
     default_code = ErrorCode.RATE_LIMITED
+
+
+class BudgetExhausted(TooManyRequests):
+    """429: a service client's tokens today reached its budget (max_tokens_per_day);
+    Retry-After is the time to the next UTC midnight."""
+
+    default_code = ErrorCode.BUDGET_EXHAUSTED

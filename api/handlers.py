@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +18,7 @@ from starlette.routing import compile_path
 from starlette.types import ExceptionHandler, Receive, Scope, Send
 
 from api.errors import ApiError
+from api.gateway.locations import input_location
 from api.route_credentials import require_route_credential
 from api.state import state_of
 from schemas.errors import ErrorBody, ErrorCode, FieldError
@@ -172,9 +174,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors()
     if any(error["type"] == "json_invalid" for error in errors):
         return _unparseable(request)
+    gateway = on_gateway(request.url.path)
     # Location, message and type only: the offending input may be a secret.
     details = [
-        FieldError(location=list(error.get("loc", ())), message=error["msg"], type=error["type"])
+        FieldError(
+            location=_location(error, exc.body) if gateway else list(error.get("loc", ())),
+            message=error["msg"],
+            type=error["type"],
+        )
         for error in errors
     ]
     # A validator that refuses with an error code of the contract (a refused llama-server
@@ -185,6 +192,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         code = ErrorCode(typed[0]["type"])
         message = "; ".join(error["msg"] for error in typed)
         extra = {"flags": [flag for error in typed for flag in error["ctx"].get("flags", [])]}
+    if gateway and not typed and details:
+        # OpenAI's clients show `error.message` alone: it names the field and why.
+        first = details[0]
+        message = f"{'.'.join(str(part) for part in first.location[1:])}: {first.message}"
     body = ErrorBody(
         code=code,
         message=message,
@@ -193,6 +204,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         extra=extra,
     )
     return _respond(request, 422, body)
+
+
+def _location(error: Any, body: Any) -> list[int | str]:
+    """A gateway refusal's location: the source, then the field as the client wrote it."""
+    location = list(error.get("loc", ()))
+    if not location or location[0] not in _SOURCES:
+        return location
+    return [location[0], *input_location(location[1:], body, error["type"])]
 
 
 _TYPED_VALIDATION = frozenset({ErrorCode.SERVER_FLAG_REFUSED.value})

@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.periodic import running
 from store import heartbeat
 
 logger = logging.getLogger("modelforge.api.heartbeats")
@@ -109,12 +110,9 @@ async def heartbeat_buffer(
 ) -> AsyncIterator[HeartbeatBuffer]:
     """Flushing every interval for the lifespan; a last flush at shutdown."""
     buffer = HeartbeatBuffer(sessions, flush_interval_s, flushed)
-    stop = asyncio.Event()
-    task = asyncio.create_task(buffer.run(stop))
     try:
-        yield buffer
+        async with running(buffer.run, "heartbeat-buffer"):
+            yield buffer
     finally:
-        stop.set()
-        await task
         with contextlib.suppress(SQLAlchemyError, OSError):
             await buffer.flush()

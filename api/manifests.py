@@ -41,7 +41,15 @@ from schemas.artifacts import (
 )
 from schemas.bounded import Unreadable, read_json
 from schemas.errors import ErrorCode
-from schemas.hub import MAX_ANSWER_BYTES, MAX_TREE_PAGES, REVISION, TREE, TreeEntry
+from schemas.hub import (
+    MAX_ANSWER_BYTES,
+    MAX_TREE_PAGES,
+    REVISION,
+    SOURCE_URL_ENV,
+    TREE,
+    TreeEntry,
+    source_shown,
+)
 
 T = TypeVar("T")
 
@@ -91,7 +99,7 @@ class ManifestResolver:
                 asyncio.timeout(self._answer_timeout_s),
                 self._http.stream("GET", url, params=params or None) as response,
             ):
-                _check(response.status_code, what)
+                self._check(response.status_code, what)
                 value = await read_json(
                     response.aiter_bytes(),
                     schema,
@@ -102,17 +110,12 @@ class ManifestResolver:
         except TimeoutError:
             logger.warning("artifact source's %s answer slower than %s s", what,
                            self._answer_timeout_s)  # fmt: skip
-            raise ServiceUnavailable(
-                f"the artifact source's {what} answer took longer than"
-                f" {self._answer_timeout_s:g} s; retry shortly",
-                code=ErrorCode.SOURCE_UNAVAILABLE,
+            raise self._unavailable(
+                f"took longer than {self._answer_timeout_s:g} s for its {what} answer"
             ) from None
         except httpx.HTTPError as exc:
             logger.warning("artifact source unreachable (%s)", type(exc).__name__)
-            raise ServiceUnavailable(
-                "the artifact source cannot be reached; retry shortly",
-                code=ErrorCode.SOURCE_UNAVAILABLE,
-            ) from None
+            raise self._unavailable(f"cannot be reached ({type(exc).__name__})") from None
         except Unreadable as exc:
             logger.warning("artifact source's %s answer refused: %s", what, exc.reason)
             raise BadGateway(
@@ -122,6 +125,27 @@ class ManifestResolver:
         if following is not None and not following.startswith(f"{self._endpoint}/"):
             raise BadGateway(f"the artifact source's {what} answer links outside the source")
         return value, following
+
+    def _unavailable(self, why: str) -> ServiceUnavailable:
+        """503 source_unavailable naming the source and the setting that chose it: the
+        usual cause is an offline host still pointed at the Hub, which no retry mends."""
+        return ServiceUnavailable(
+            f"the artifact source {source_shown(self._endpoint)} {why}; the control plane"
+            f" resolves from {SOURCE_URL_ENV} (set for `modelforge up` or `modelforge api`:"
+            " offline, a mirror with the Hub layout)",
+            code=ErrorCode.SOURCE_UNAVAILABLE,
+        )
+
+    def _check(self, status: int, what: str) -> None:
+        if status in (401, 403):
+            raise Unresolvable(
+                f"the artifact source refused access to the {what}",
+                extra={"source_status": status},
+            )
+        if status == 404:
+            raise Unresolvable(f"the artifact source has no such {what}")
+        if status != 200:
+            raise self._unavailable(f"answered {status} for the {what}")
 
     async def _tree(self, repo: str, commit: str) -> list[TreeEntry]:
         """Every entry of the commit's tree, page after page: a file on a later page is
@@ -179,19 +203,6 @@ class ManifestResolver:
             raise BadGateway(
                 "the artifact source answered a file list with repeated paths"
             ) from None
-
-
-def _check(status: int, what: str) -> None:
-    if status in (401, 403):
-        raise Unresolvable(
-            f"the artifact source refused access to the {what}", extra={"source_status": status}
-        )
-    if status == 404:
-        raise Unresolvable(f"the artifact source has no such {what}")
-    if status != 200:
-        raise ServiceUnavailable(
-            f"the artifact source answered {status}", code=ErrorCode.SOURCE_UNAVAILABLE
-        )
 
 
 def _path(entry: ArtifactFile) -> str:

@@ -22,7 +22,8 @@ process sees alike. The default, `all`, would keep a series per pid, dead ones i
 * requests by route template, method and status, and their latency;
 * heartbeats accepted, by path (routine or transactional), and group-committed ones;
 * ingest decisions per stream: applied, not applied (the reason), replay;
-* authentication refusals by error code.
+* authentication refusals by error code;
+* the gateway's requests and tokens per service client and served model.
 
 The route label is the template (`/api/v1/admin/hardware/nodes/{node_id}`), never the
 concrete path, so labels stay bounded and no identifier reaches the metrics.
@@ -146,14 +147,32 @@ class ApiMetrics:
         # Invokes are metered here, not audited one by one.
         self.invokes = Counter(
             "modelforge_gateway_invokes",
-            "Gateway requests by outcome (ok, the error code) and whether streamed",
-            ["outcome", "stream"],
+            "Gateway requests by outcome (ok, the error code), whether streamed, and the "
+            "endpoint (chat, completions, embeddings)",
+            ["outcome", "stream", "endpoint"],
             registry=self.registry,
         )
         self.invoke_attempts = Counter(
             "modelforge_gateway_attempts",
             "Deliveries to deployments, by result (answered, unreachable, refused, timeout)",
             ["result"],
+            registry=self.registry,
+        )
+        # Per service client and served model (api/gateway/usage.py): bounded, clients x
+        # the models in their scopes. The client's name, never its id (no identifier
+        # in a label): two clients of one name share a series; the admin usage route
+        # tells them apart.
+        self.client_requests = Counter(
+            "modelforge_gateway_client_requests",
+            "Gateway requests by service client, served model and outcome (ok, the error code)",
+            ["client", "model", "outcome"],
+            registry=self.registry,
+        )
+        self.client_tokens = Counter(
+            "modelforge_gateway_client_tokens",
+            "Tokens the nodes reported per service client and served model, by kind"
+            " (prompt, completion)",
+            ["client", "model", "kind"],
             registry=self.registry,
         )
         self.gateway_overhead = Histogram(

@@ -30,6 +30,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
+from schemas.hub import SOURCE_URL_ENV, source_shown
 from store.services.estimate import GgufSummary, HeaderTruncated, HeaderUnreadable, parse_header
 
 # Most headers (the metadata and the tensor infos) fit here; a tokenizer of a few
@@ -83,7 +84,13 @@ class ModelHeaders:
         except HeaderUnreadable as exc:
             logger.warning("no GGUF header for %s: %s", where, exc)
         except (_Unreachable, httpx.HTTPError) as exc:
-            logger.warning("no GGUF header for %s: the source %s", where, _reason(exc))
+            logger.warning(
+                "no GGUF header for %s: the source %s %s (%s)",
+                where,
+                source_shown(self._endpoint),
+                _reason(exc),
+                SOURCE_URL_ENV,
+            )
         return None
 
     async def _read(self, url: str, start: int, count: int) -> bytes:

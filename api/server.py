@@ -21,6 +21,7 @@ import uvicorn
 from api.app import create_app
 from api.heap import HeapKeeper
 from api.held_streams import HeldStreams
+from api.middleware.access_log import configure_access_log
 from api.processes import inherited_socket
 from api.settings import ApiSettings
 
@@ -74,6 +75,7 @@ def serve(settings: ApiSettings, *, listen_fd: int | None = None) -> int:
     """Run `modelforge api` in the foreground until SIGINT/SIGTERM; the exit status.
     listen_fd: a listening socket inherited from `--processes N` (api/processes.py),
     served instead of binding host:port."""
+    configure_access_log(settings.access_log)
     server = api_server(
         settings,
         freeze_heap=True,

@@ -9,14 +9,15 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from schemas.hub import HUB_URL
 from store.liveness import presence_gap
-from store.settings import LeaseSettings
+from store.settings import DatabaseUrl, LeaseSettings
 
 
 class ApiSettings(LeaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
-    database_url: str = Field(description="SQLAlchemy URL, postgresql+asyncpg://...")
+    database_url: DatabaseUrl = Field(description="SQLAlchemy URL, postgresql+asyncpg://...")
     # Required, like the database: a default would quietly reach whatever NATS listens
     # on this host's 4222, which is often not ours.
     nats_url: str
@@ -61,6 +62,9 @@ class ApiSettings(LeaseSettings):
     node_cache_warm_wait_s: float = Field(default=10.0, ge=0)
     heartbeat_flush_interval_s: float | None = Field(default=None, gt=0)
     log_level: str = "INFO"
+    # One log line per request (method, path, status, duration): off by default, since a
+    # fleet's heartbeats would bury everything else; its traffic is on /metrics.
+    access_log: bool = False
     # /readyz answers 503 when the relay is this far behind (events stall: no worker
     # runs, or NATS refuses them).
     ready_outbox_backlog_max: int = Field(default=10_000, gt=0)
@@ -81,7 +85,7 @@ class ApiSettings(LeaseSettings):
     # within this. Below the agent's read timeout for the channel (40 s).
     notification_keepalive_s: float = Field(default=15.0, gt=0, lt=40)
     # Server-resolved artifact manifests (api/manifests.py): a Hub-layout source.
-    artifact_source_url: str = "https://huggingface.co"
+    artifact_source_url: str = HUB_URL
     artifact_source_token: SecretStr | None = None
     # A service's memory estimate reads its GGUF's header from the same source
     # (api/model_headers.py): at most this many bytes of the file's start, each read

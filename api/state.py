@@ -13,6 +13,7 @@ from api.gateway.cache import GatewayCache
 from api.gateway.limits import ClientLimits
 from api.gateway.measurements import GatewayMeasurements
 from api.gateway.relay import InvokeRelay
+from api.gateway.usage import GatewayUsage
 from api.heartbeat_buffer import HeartbeatBuffer
 from api.held_streams import HeldStreams
 from api.manifests import ManifestResolver
@@ -48,6 +49,8 @@ class ApiState:
     gateway_cache: GatewayCache
     # The gateway's measurements per served model, written for autoscale.
     measurements: GatewayMeasurements
+    # Every invoke per service client, model and minute, and the clients' budgets.
+    usage: GatewayUsage
     telemetry: TelemetryBatcher
     # Heartbeats of nodes the cache does not hold, group-committed (api/return_batch.py).
     returns: ReturnBatcher

@@ -76,11 +76,14 @@ def _worker(args: argparse.Namespace) -> int:
     return run_worker_process(settings, BrokerSettings(), threads=args.threads, index=index)
 
 
-def _up(_: argparse.Namespace) -> int:
+def _up(args: argparse.Namespace) -> int:
     from stack.settings import StackSettings
     from stack.up import run_up
 
-    return run_up(StackSettings())
+    settings = StackSettings()
+    if args.access_log:
+        settings = settings.model_copy(update={"access_log": True})
+    return run_up(settings)
 
 
 def _schemas_export(args: argparse.Namespace) -> int:
@@ -260,17 +263,39 @@ def _add_agent_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="modelforge", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    from cli.version import package_version
+
+    parser = argparse.ArgumentParser(
+        prog="modelforge",
+        description="ModelForge: a control plane for fleets of GPU hosts, and its node agent.",
+        epilog="`modelforge COMMAND --help` says more; the operator's tool is `modelforge admin`.",
+    )
+    parser.add_argument("--version", action="version", version=f"modelforge {package_version()}")
+    # COMMAND, not the {up,api,...} choices: their list is wider than a terminal.
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
         name: str, handler: Callable[[argparse.Namespace], int], help_text: str
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
+        # The one line is the command's description on its own --help too.
+        sub = commands.add_parser(
+            name, help=help_text, description=help_text[:1].upper() + help_text[1:] + "."
+        )
         sub.set_defaults(handler=handler)
         return sub
 
-    add("up", _up, "run the whole stack on embedded PostgreSQL and NATS")
+    up = add("up", _up, "run the whole stack on embedded PostgreSQL and NATS")
+    up.epilog = (
+        "Settings from the environment: MODELFORGE_DATA_DIR (.modelforge), MODELFORGE_HOST "
+        "and MODELFORGE_PORT (127.0.0.1:8080), MODELFORGE_DATABASE_URL and MODELFORGE_NATS_URL "
+        "(servers of your own instead of the embedded ones), MODELFORGE_ARTIFACT_SOURCE_URL "
+        "(a Hugging Face mirror), MODELFORGE_API_PROCESSES."
+    )
+    up.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every API request (off by default: the traffic is on /metrics)",
+    )
     api = add("api", _api, "run the HTTP API (MODELFORGE_DATABASE_URL required)")
     api.add_argument(
         "--processes",
@@ -313,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("file")
     catalog.set_defaults(handler=_events_catalog)
     return parser
+
+
+# The commands that run as long-lived processes (their stderr is their log).
+SERVERS = frozenset({"up", "api", "relay", "worker", "agent", "runtime", "simulate"})
 
 
 class UsageError(Exception):
@@ -359,7 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         problem = unreachable(exc)
         if problem is None:
-            raise
+            # A process that serves (its stderr is its log) keeps the traceback for
+            # whoever reads the log; a command run by hand says one line.
+            if args.command in SERVERS or sys.flags.dev_mode:
+                raise
+            problem = (
+                f"unexpected {type(exc).__name__}: {exc} (a bug in modelforge; "
+                "PYTHONDEVMODE=1 shows where)"
+            )
         print(f"{prefix}: {problem}", file=sys.stderr)
         return 1
 

@@ -247,11 +247,27 @@ class AuditList(WireModel):
     next_before_id: int | None
 
 
+# The job kinds whose rows are health checks, not changes: a ready deployment's periodic
+# deployment.health.v1 (store/deployments/reconcile.py) and a device's runtime.health.v1.
+AUDIT_HEALTH_CHECK_KINDS: tuple[str, ...] = (
+    JobKind.DEPLOYMENT_HEALTH.value,
+    JobKind.RUNTIME_HEALTH.value,
+)
+
+
 class AuditQuery(WireModel):
     """Query parameters of the audit log (text on the wire, hence the *Param integers)."""
 
     actor: FilterText | None = None
     action: FilterText | None = None
+    # The action's family, its first part: "node" matches node.enrolled, node.gpu.added...
+    kind: FilterText | None = None
+    # Every row about the node: its own events and those whose details name it (its jobs,
+    # deployments, replicas).
+    node_id: uuid.UUID | None = None
+    # The periodic health-check jobs' rows (AUDIT_HEALTH_CHECK_KINDS) are left out unless
+    # asked for: a fleet's deployments write three every few seconds each.
+    health_checks: bool = False
     target_type: FilterText | None = None
     target_id: FilterText | None = None
     correlation_id: FilterText | None = None

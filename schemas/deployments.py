@@ -22,6 +22,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag
 
 from schemas.base import Count, NodePath, Number, Positive, Text, WireModel, json_integer
+from schemas.endpoints import ChatTemplateCaps, Endpoints, default_endpoints
 from schemas.jobs import (
     Attempts,
     JobFamily,
@@ -95,6 +96,9 @@ class DeploymentCreate(WireModel):
     environment_id: uuid.UUID
     model: ServedModel
     roles: Roles = Field(default_factory=list)
+    # What it serves: the gateway routes only these to it; `embeddings` loads the model
+    # with embeddings on (the profile sets `pooling`), and each is checked at load.
+    endpoints: Endpoints = Field(default_factory=default_endpoints)
     # Invokes at once on the node; past it the deployment answers busy (the gateway
     # tries another, then 429).
     max_concurrent: Concurrency = 4
@@ -119,6 +123,7 @@ class DeploymentView(WireModel):
     id: uuid.UUID
     model: str
     roles: list[str]
+    endpoints: list[str]
     node_id: uuid.UUID
     device_id: str
     artifact: ArtifactRef
@@ -127,6 +132,9 @@ class DeploymentView(WireModel):
     environment_id: uuid.UUID
     state: DeploymentState
     max_concurrent: int
+    # What its chat template can do, as its node reported at its last load (None: not
+    # loaded yet, or a node that does not report it).
+    capabilities: ChatTemplateCaps | None = None
     # Why it failed, or why it is unavailable (node_offline, runtime_gone, health_failed).
     failure: DeploymentFailure | None
     # Invokes at once on the node, as its runtime worker last reported.
@@ -168,6 +176,8 @@ class LoadSpec(WireModel):
     environment_id: uuid.UUID
     binary_sha256: Sha256Hex
     max_concurrent: Concurrency
+    # `--embeddings` when embeddings are served; each endpoint is checked at load.
+    endpoints: Endpoints = Field(default_factory=default_endpoints)
 
 
 class TargetSpec(WireModel):
@@ -210,6 +220,8 @@ class LoadComplete(WireModel):
     device_id: DeviceId
     health: ServerHealth
     load_s: Seconds
+    # From llama-server's /props after the load (None: it did not say).
+    capabilities: ChatTemplateCaps | None = None
 
 
 class HealthComplete(WireModel):
@@ -265,6 +277,7 @@ class LoadResult(WireModel):
     device_id: str
     health: ServerHealth
     load_s: float
+    capabilities: ChatTemplateCaps | None = None
 
 
 class HealthResult(WireModel):

@@ -13,6 +13,9 @@ from schemas.base import WireModel
 class ErrorCode(StrEnum):
     # 422 / 413
     VALIDATION_FAILED = "validation_failed"
+    # The gateway: a chat request with tools for a model none of whose deployments' chat
+    # templates can call tools (llama-server would ignore them silently).
+    TOOLS_UNSUPPORTED = "tools_unsupported"
     # A job's target root is not one the node reports as allowed.
     TARGET_ROOT_NOT_ALLOWED = "target_root_not_allowed"
     # A completion's file list does not name exactly the job's files.
@@ -79,12 +82,19 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     CONCURRENCY_LIMITED = "concurrency_limited"
     DEPLOYMENT_BUSY = "deployment_busy"
+    # A service client's tokens today reached its max_tokens_per_day: Retry-After says
+    # when the next UTC day begins.
+    BUDGET_EXHAUSTED = "budget_exhausted"
     # The control plane sheds load: too many node requests wait for the database
     # (api/shedding.py); Retry-After says when to come back.
     OVERLOADED = "overloaded"
     # 500 / 502 / 503 / 504
     # The gateway: deployments serve it, but none is ready (or reachable) right now.
     NO_READY_DEPLOYMENT = "no_ready_deployment"
+    # The gateway: a deployment's plain answer outgrew what the gateway holds whole.
+    UPSTREAM_TOO_LARGE = "upstream_too_large"
+    # The gateway: the model server itself failed on the request (its 5xx), passed on.
+    UPSTREAM_FAILED = "upstream_failed"
     # The node holding the invoke went away, or it passed a timeout (first token, gap).
     NODE_LOST = "node_lost"
     FIRST_TOKEN_TIMEOUT = "first_token_timeout"

@@ -15,19 +15,26 @@ from schemas import (
     errors,
     events,
     gateway,
+    gateway_endpoints,
+    gateway_fields,
+    gateway_tools,
     jobs,
+    json_schema,
+    overview,
     runtime,
     runtime_local,
     service_clients,
     services,
+    usage,
 )
 
 
 def models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
     for module in (
-        agent, admin, artifacts, deployments, errors, events, gateway, jobs, runtime,
-        runtime_local, service_clients, services,
+        agent, admin, artifacts, deployments, errors, events, gateway, gateway_endpoints,
+        gateway_fields, gateway_tools, jobs, json_schema, overview,
+        runtime, runtime_local, service_clients, services, usage,
     ):  # fmt: skip
         for name, value in vars(module).items():
             if (

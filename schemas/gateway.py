@@ -3,81 +3,101 @@
 crosses to the node for it, the leased invoke (deployment.invoke.v1).
 
 An invoke carries typed, bounded values only: messages, sampling parameters, a token
-bound and stop strings. None of them becomes a llama-server flag, a path or a URL; the
-runtime worker builds llama-server's request from them itself (agent/runtime/invoke.py)
-and checks them against this model again, whatever the control plane sent.
+bound and stop strings, and the tools, response format and log probabilities of
+schemas/gateway_tools.py (the same types on both sides, left out of the dump while
+unset). None of them becomes a llama-server flag, a path or a URL; the runtime worker
+builds llama-server's request from them itself (agent/runtime/llama_body.py) and checks
+them against this model again, whatever the control plane sent.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BeforeValidator, Field, Strict
+from pydantic import Discriminator, Field, Strict, Tag
 
-from schemas.base import Flag, Number, WireModel, json_integer
+from schemas.base import Flag, WireModel
+from schemas.endpoints import Endpoint
+from schemas.gateway_endpoints import CompletionParams, EmbeddingParams
+from schemas.gateway_fields import MAX_TOKENS_CEILING as MAX_TOKENS_CEILING
+from schemas.gateway_fields import (
+    Choices,
+    EndUser,
+    ModelField,
+    Penalty,
+    Seed,
+    Stop,
+    StopList,
+    Temperature,
+    TokenBound,
+    TopP,
+)
+from schemas.gateway_fields import (
+    StreamOptions as StreamOptions,
+)
+
+# ChatMessage and Content re-exported: they were defined here first.
+from schemas.gateway_tools import ChatFields, Messages
+from schemas.gateway_tools import ChatMessage as ChatMessage
+from schemas.gateway_tools import Content as Content
 from schemas.jobs import JobKind, LeaseFence
 
-MAX_TOKENS_CEILING: Final = 8192
-# A message's content: any text (newlines and tabs included: it is never logged, and it
-# reaches llama-server only as a JSON string).
-Content = Annotated[str, Strict(), Field(max_length=65_536)]
-StopText = Annotated[str, Strict(), Field(min_length=1, max_length=64)]
-TokenBound = Annotated[
-    int, Strict(), Field(ge=1, le=MAX_TOKENS_CEILING), BeforeValidator(json_integer)
-]
-Seed = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1), BeforeValidator(json_integer)]
-# OpenAI's `n`: one choice is all ModelForge answers. An integer, not Literal[1]: a
-# literal compares by equality, and `True == 1`.
-Choices = Annotated[int, Strict(), Field(ge=1, le=1), BeforeValidator(json_integer)]
-ModelField = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
 # The gateway process an invoke's answer goes back to (its instance id).
 GatewayId = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{32}$")]
 
 
-class ChatMessage(WireModel):
-    role: Literal["system", "user", "assistant"]
-    content: Content
-
-
-class StreamOptions(WireModel):
-    include_usage: Flag = False
-
-
-class ChatCompletionRequest(WireModel):
+class ChatCompletionRequest(ChatFields):
     """OpenAI's chat completion body, the fields ModelForge serves. `model` names a
     served model or a role."""
 
     model: ModelField
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)]
+    messages: Messages
     max_tokens: TokenBound | None = None
     max_completion_tokens: TokenBound | None = None
-    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     seed: Seed | None = None
-    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
-    stop: StopText | Annotated[list[StopText], Field(max_length=4)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    stop: Stop | None = None
     stream: Flag = False
     stream_options: StreamOptions | None = None
     n: Choices | None = None
-    # OpenAI's end-user id: accepted, never passed on.
-    user: Annotated[str, Strict(), Field(max_length=256)] | None = None
+    user: EndUser | None = None
 
 
-class InvokeParams(WireModel):
+class InvokeParams(ChatFields):
     """What llama-server is asked, and nothing more."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)]
+    messages: Messages
     max_tokens: TokenBound
-    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     seed: Seed | None = None
-    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
-    stop: Annotated[list[StopText], Field(max_length=4)] = Field(default_factory=list)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    stop: StopList = Field(default_factory=list)
     stream: Flag = False
     include_usage: Flag = False
+
+
+def _endpoint_of(params: Any) -> str:
+    # A chat invoke names no endpoint: it crosses byte for byte as it did before the
+    # other endpoints existed, and a node not yet upgraded still reads it.
+    if isinstance(params, dict):
+        endpoint = params.get("endpoint", "chat")
+        return endpoint if isinstance(endpoint, str) else ""
+    return str(getattr(params, "endpoint", "chat"))
+
+
+# What llama-server is asked, by endpoint (schemas/endpoints.py: Endpoint).
+InvokeBody = Annotated[
+    Annotated[InvokeParams, Tag("chat")]
+    | Annotated[CompletionParams, Tag("completions")]
+    | Annotated[EmbeddingParams, Tag("embeddings")],
+    Discriminator(_endpoint_of),
+]
 
 
 class Invoke(WireModel):
@@ -91,7 +111,7 @@ class Invoke(WireModel):
     deployment_id: uuid.UUID
     gateway: GatewayId
     lease: LeaseFence
-    params: InvokeParams
+    params: InvokeBody
 
 
 class InvokeCancel(WireModel):
@@ -109,6 +129,8 @@ class InvokeRefusal(WireModel):
         "deployment_not_loaded",
         "upstream_unavailable",
         "invoke_invalid",
+        # The deployment does not serve the invoke's endpoint (schemas/endpoints.py).
+        "endpoint_not_served",
     ]
     message: Annotated[str, Strict()]
 
@@ -116,7 +138,13 @@ class InvokeRefusal(WireModel):
 # Invoke refusals another deployment may well serve (the gateway retries them elsewhere,
 # before the first byte has reached the client).
 RETRYABLE_REFUSALS: Final = frozenset(
-    {"deployment_busy", "deployment_draining", "deployment_not_loaded", "upstream_unavailable"}
+    {
+        "deployment_busy",
+        "deployment_draining",
+        "deployment_not_loaded",
+        "upstream_unavailable",
+        "endpoint_not_served",
+    }
 )
 
 
@@ -127,6 +155,8 @@ class ModelEntry(WireModel):
     # A served model's roles; a role's entry says `role`.
     roles: list[str] = Field(default_factory=list)
     kind: Literal["model", "role"] = "model"
+    # The endpoints some live deployment of it serves (schemas/endpoints.py).
+    endpoints: list[Endpoint] = Field(default_factory=list)
 
 
 class ModelListing(WireModel):

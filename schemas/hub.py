@@ -10,8 +10,26 @@ stored is decided afterwards, file by file, so that a refusal can name the file.
 from __future__ import annotations
 
 from typing import Annotated, Final
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
+
+# Where models come from unless a mirror (any server with the Hub layout) is set: for the
+# control plane's resolution in MODELFORGE_ARTIFACT_SOURCE_URL (`up`, `modelforge api`),
+# for an agent's downloads in its `artifact_source_url`.
+HUB_URL: Final = "https://huggingface.co"
+SOURCE_URL_ENV: Final = "MODELFORGE_ARTIFACT_SOURCE_URL"
+AGENT_SOURCE_URL_ENV: Final = "MODELFORGE_AGENT_ARTIFACT_SOURCE_URL"
+
+
+def source_shown(url: str) -> str:
+    """A source as a log line or a message shows it: without any user or password, and
+    saying whether it is the Hub or a mirror."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    shown = urlunsplit(parts._replace(netloc=host)).rstrip("/")
+    return f"{shown} (the Hugging Face Hub)" if shown == HUB_URL else f"{shown} (a mirror)"
+
 
 # Generous for a revision's model info (it lists every file) and a tree of thousands of
 # files; far below what could hurt the API process.

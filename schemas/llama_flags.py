@@ -18,7 +18,7 @@ flags in the local YAML, except the `LOCAL_REFUSED` families (and the managed on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -140,15 +140,13 @@ ALLOWED: Final[Mapping[str, ArgType]] = {
     "spm-infill": SWITCH,
     "perf": SWITCH,
     "no-perf": SWITCH,
-    # what the server computes
-    "embeddings": SWITCH,
-    "reranking": SWITCH,
+    # what the server computes (whether it serves embeddings is the deployment's
+    # `endpoints`, a managed flag; how it pools them is the profile's)
     "pooling": Choice(("none", "mean", "cls", "last", "rank")),
     "embd-normalize": Whole(-1, 100),
     "lora-init-without-apply": SWITCH,
     # chat templates: the model's own, never template text
     "jinja": SWITCH,
-    "no-jinja": SWITCH,
     "reasoning-format": Choice(("none", "deepseek", "deepseek-legacy", "auto")),
     "reasoning": ON_OFF_AUTO,
     "reasoning-effort": Choice(("default", "minimal", "low", "medium", "high", "xhigh", "max")),
@@ -249,6 +247,8 @@ REFUSED: Final[Mapping[str, Family]] = {
         "ts", "tensor-split", "fa", "flash-attn", "metrics", "props", "slots", "no-slots",
         "models-max", "models-autoload", "no-models-autoload", "spec-type",
         "lora", "lora-scaled", "md", "model-draft", "spec-draft-model",
+        # the deployment's endpoints and chat template (tools need jinja)
+        "embeddings", "embedding", "reranking", "rerank", "no-jinja",
     ),
     **_family(
         Family.TOOLS,
@@ -343,8 +343,6 @@ ALIASES: Final[Mapping[str, str]] = {
     "bs": "backend-sampling",
     "sp": "special",
     "e": "escape",
-    "embedding": "embeddings",
-    "rerank": "reranking",
     "rea": "reasoning",
     "lv": "verbosity",
     "log-verbosity": "verbosity",
@@ -406,6 +404,26 @@ def local_refusals(server_args: Mapping[str, object]) -> list[FlagRefusal]:
         elif isinstance(value, str) and value.startswith("-") and not _is_number(value):
             refusals.append(FlagRefusal(flag, f"--{flag}: a value may not start with '-'"))
     return refusals
+
+
+# The flag that gives each slot a KV buffer of its own, and why a load that serves
+# embeddings may not set it (the runtime worker adds --kv-unified for such a load).
+SPLIT_KV: Final = "no-kv-unified"
+SPLIT_KV_REASON: Final = (
+    "embeddings need the unified KV cache: with one per slot, an input batched with"
+    " others gets another vector than alone"
+)
+
+
+def endpoint_refusals(
+    server_args: Mapping[str, object], endpoints: Collection[str]
+) -> list[FlagRefusal]:
+    """The entries of a profile's `server_args` that the endpoints a load serves rule
+    out: the API refuses them when a deployment or a service is declared, the runtime
+    worker again before it starts llama-server."""
+    if "embeddings" in endpoints and server_args.get(SPLIT_KV) is True:
+        return [FlagRefusal(SPLIT_KV, f"--{SPLIT_KV}: {SPLIT_KV_REASON}")]
+    return []
 
 
 def _is_number(text: str) -> bool:

@@ -133,6 +133,8 @@ SERVICES: Final = f"{ADMIN_PREFIX}/services"
 GATEWAY_PREFIX: Final = "/v1"
 GATEWAY_MODELS: Final = f"{GATEWAY_PREFIX}/models"
 GATEWAY_CHAT_COMPLETIONS: Final = f"{GATEWAY_PREFIX}/chat/completions"
+GATEWAY_COMPLETIONS: Final = f"{GATEWAY_PREFIX}/completions"
+GATEWAY_EMBEDDINGS: Final = f"{GATEWAY_PREFIX}/embeddings"
 
 # An invoke's answer stream: which lease it is under, for which gateway process, and
 # the status llama-server (or the runtime worker, refusing) answered with.

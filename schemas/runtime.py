@@ -91,6 +91,7 @@ ThreadCount = Annotated[int, Strict(), Field(ge=1, le=4096), BeforeValidator(jso
 GpuLayers = Annotated[int, Strict(), Field(ge=-1, le=100_000), BeforeValidator(json_integer)]
 GpuIndex = Annotated[int, Strict(), Field(ge=0, le=1024), BeforeValidator(json_integer)]
 LoraScale = Annotated[Number, Field(ge=-10, le=10)]
+ChatTemplate = Literal["model", "chatml-tools"]
 
 
 class LlamaTuning(WireModel):
@@ -107,6 +108,11 @@ class LlamaTuning(WireModel):
     main_gpu: GpuIndex | None = None
     tensor_split: Annotated[list[Share], Field(min_length=1, max_length=64)] | None = None
     flash_attn: Flag | None = None
+    # The chat template: the model's own, or one the runtime worker ships
+    # (agent/runtime/templates/): `chatml-tools` is ChatML with Hermes/Qwen2.5-style
+    # `<tool_call>` tools, for ChatML models whose own template cannot call tools. A
+    # name, never a path or template text.
+    chat_template: ChatTemplate = "model"
 
 
 class ArtifactRef(WireModel):
@@ -201,6 +207,9 @@ class RuntimeFailure(StrEnum):
     PROFILE_REFUSED = "profile_refused"
     # The device serves a deployment (pinned to its model until that is unloaded).
     DEVICE_PINNED = "device_pinned"
+    # Embeddings are served but the model pools nothing (llama-server: "Pooling type
+    # 'none' is not OAI compatible"): the profile must set `pooling`.
+    EMBEDDINGS_UNAVAILABLE = "embeddings_unavailable"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
 

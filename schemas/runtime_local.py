@@ -17,6 +17,8 @@ from schemas.runtime import DeviceId, EnvironmentReport
 # The runtime worker's local endpoints (the local API, not the control plane's).
 LOCAL_MODELS: Final = "/v1/models"
 LOCAL_CHAT_COMPLETIONS: Final = "/v1/chat/completions"
+LOCAL_COMPLETIONS: Final = "/v1/completions"
+LOCAL_EMBEDDINGS: Final = "/v1/embeddings"
 LOCAL_INVENTORY: Final = "/v1/node/inventory"
 LOCAL_REGISTRATION: Final = "/v1/node/registration"
 LOCAL_HEALTH: Final = "/healthz"

@@ -1,7 +1,8 @@
 """Service clients: the callers of the gateway. A credential kind of their own (prefix
 `mfs`, schemas/protocol.py), shown once, stored as a digest, scoped to served models
-and/or roles, with optional concurrency and rate bounds. A node credential is never
-accepted where a service client's is, and the reverse holds too."""
+and/or roles, with optional concurrency and rate bounds and a token budget a day. A
+node credential is never accepted where a service client's is, and the reverse holds
+too."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ class ServiceClientCreate(WireModel):
     rate_per_minute: (
         Annotated[int, Strict(), Field(ge=1, le=1_000_000), BeforeValidator(json_integer)] | None
     ) = None
+    # Prompt and completion tokens a UTC day, across every API process; once spent, the
+    # gateway refuses the client (429 budget_exhausted) until the next UTC midnight. The
+    # check reads the rollup as of a few seconds ago, so the last invokes admitted
+    # before it is spent may take a client over it (api/gateway/usage.py).
+    max_tokens_per_day: (
+        Annotated[int, Strict(), Field(ge=1, le=10**12), BeforeValidator(json_integer)] | None
+    ) = None
 
     @model_validator(mode="after")
     def _scoped(self) -> ServiceClientCreate:
@@ -59,6 +67,7 @@ class ServiceClientView(WireModel):
     roles: list[str]
     max_concurrent: int | None
     rate_per_minute: int | None
+    max_tokens_per_day: int | None
     state: ServiceClientState
     created_at: datetime
     rotated_at: datetime | None

@@ -34,6 +34,7 @@ from schemas.base import (
     json_integer,
 )
 from schemas.deployments import Concurrency, DeadlineSeconds, Roles, ServedModel
+from schemas.endpoints import Endpoints, default_endpoints
 
 ReplicaCount = Annotated[int, Strict(), Field(ge=0, le=1000), BeforeValidator(json_integer)]
 PerNode = Annotated[int, Strict(), Field(ge=1, le=64), BeforeValidator(json_integer)]
@@ -187,6 +188,8 @@ class ServiceCreate(WireModel):
     placement: Placement = Field(default_factory=Placement)
     strategy: UpdateStrategy = Field(default_factory=UpdateStrategy)
     max_concurrent: Concurrency = 4
+    # What every replica serves (as a deployment's `endpoints`).
+    endpoints: Endpoints = Field(default_factory=default_endpoints)
 
 
 class ServiceScale(WireModel):
@@ -207,11 +210,15 @@ class ServiceRollout(WireModel):
     profile_id: uuid.UUID | None = None
     environment_id: uuid.UUID | None = None
     max_concurrent: Concurrency | None = None
+    endpoints: Endpoints | None = None
 
     @model_validator(mode="after")
     def _something(self) -> ServiceRollout:
         if not self.model_fields_set:
-            raise ValueError("name at least one of artifact, profile_id, environment_id")
+            raise ValueError(
+                "name at least one of artifact, profile_id, environment_id, max_concurrent,"
+                " endpoints"
+            )
         return self
 
 
@@ -253,6 +260,8 @@ class ServiceTemplate(WireModel):
     environment_id: uuid.UUID | None
     max_concurrent: int
     estimate: MemoryEstimate | None = None
+    # A template stored before endpoints were declared served the default ones.
+    endpoints: Endpoints = Field(default_factory=default_endpoints)
 
 
 class PlacementReceipt(WireModel):

@@ -36,6 +36,12 @@ class StackInfo(WireModel):
     worker_metrics_url: str | None = None
     data_dir: str
     pid: int
+    # The database the stack runs on (postgresql+asyncpg://...), for a second API or a
+    # worker beside it; a password in it is shown as ***. None: an older `up` wrote it.
+    database_url: str | None = None
+    # Where the control plane resolves artifacts (the Hub or a mirror), for the agents
+    # that download what it resolved.
+    artifact_source_url: str | None = None
 
 
 # `up`'s supervisor state, in its data dir, rewritten whenever a child starts or stops

@@ -8,8 +8,10 @@ from typing import Final
 
 from pydantic import Field
 
+from schemas.admin import AUDIT_HEALTH_CHECK_KINDS
 from schemas.base import WireModel
-from schemas.events import EventType
+from schemas.events import NOT_AUDITED, EventType
+from schemas.overview import OVERVIEW, OVERVIEW_HISTORY
 from schemas.protocol import (
     ADMIN_EVENTS,
     ADMIN_EVENTS_OVERFLOW,
@@ -21,6 +23,7 @@ from schemas.protocol import (
     NODES,
     SERVICES,
 )
+from schemas.usage import USAGE
 
 UI_PREFIX: Final = "/ui"
 UI_LOGIN: Final = f"{UI_PREFIX}/login"
@@ -47,6 +50,9 @@ class UiPaths(WireModel):
     deployments: str = DEPLOYMENTS
     services: str = SERVICES
     incidents: str = f"{FLEET}/incidents"
+    overview: str = OVERVIEW
+    overview_history: str = OVERVIEW_HISTORY
+    usage: str = USAGE
     audit: str = AUDIT
     events: str = ADMIN_EVENTS
     logout: str = UI_LOGOUT
@@ -59,3 +65,9 @@ class UiPaths(WireModel):
         default_factory=lambda: [kind.cloudevent_type for kind in EventType]
     )
     overflow_event: str = ADMIN_EVENTS_OVERFLOW
+    # The audit view shows a stream event on top of its page only when the log would
+    # hold it: never these actions, and the health checks only when asked for.
+    not_audited: list[str] = Field(default_factory=lambda: sorted(NOT_AUDITED))
+    audit_health_check_kinds: list[str] = Field(
+        default_factory=lambda: list(AUDIT_HEALTH_CHECK_KINDS)
+    )

@@ -34,6 +34,7 @@ import httpx
 
 from agent.supervisor import ChildProcess, CrashLoop, RestartPolicy, Supervisor
 from schemas.health import FailingChild
+from schemas.hub import SOURCE_URL_ENV, source_shown
 from schemas.stack import (
     OPERATOR_KEY_FILE,
     SUPERVISOR_STATE_ENV,
@@ -56,6 +57,8 @@ HEALTH_TIMEOUT_S = 90.0
 # Longer than a worker's drain (Worker.stop waits up to 30 s for in-flight actors).
 CHILD_STOP_TIMEOUT_S = 40.0
 POLL_S = 0.2
+# Query parameters of a database URL that hold a secret.
+SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
 
 
 class StartupError(Exception):
@@ -104,12 +107,26 @@ def _warn(message: str) -> None:
 
 
 def _redact(url: str) -> str:
-    """url without its password, for printing."""
+    """url (or a NATS server list, comma-separated) with each secret in it shown as ***,
+    for the banner and stack.json: a password, one given as a query parameter (libpq's
+    and asyncpg's ?password=), and a NATS URL's lone user, which is its token."""
+    return ",".join(_redact_one(part) for part in url.split(","))
+
+
+def _redact_one(url: str) -> str:
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        if colon:
+            userinfo = f"{user}:***"
+        elif parts.scheme in ("nats", "tls"):
+            userinfo = "***"
+    query = "&".join(
+        f"{name}=***" if name.lower() in SECRET_PARAMETERS else f"{name}{eq}{value}"
+        for name, eq, value in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}", query=query))
 
 
 def _client_host(host: str) -> str:
@@ -229,6 +246,7 @@ class _Stack:
                 "MODELFORGE_PORT": str(port),
                 "PYTHONUNBUFFERED": "1",
                 "MODELFORGE_METRICS_PORT": str(metrics_port),
+                "MODELFORGE_ACCESS_LOG": "true" if self.settings.access_log else "false",
                 SUPERVISOR_STATE_ENV: str(self.state_file),
             }
             # Registered before the children start so they stop before NATS and PostgreSQL.
@@ -264,26 +282,49 @@ class _Stack:
                     ),
                     data_dir=str(self.data_dir),
                     pid=os.getpid(),
+                    database_url=_redact(database_url),
+                    artifact_source_url=self.settings.artifact_source_url,
                 )
             )
             cleanup.callback(lambda: stack_file.unlink(missing_ok=True))
-            worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "off"
-            _say(
-                "\nModelForge is up.\n"
-                f"  API:          {base}\n"
-                f"  API docs:     {base}/docs\n"
-                f"  Metrics:      {base}/metrics (API), {worker_metrics} (worker)\n"
-                f"  Readiness:    {base}/readyz (names a child that keeps failing)\n"
-                f"  Operator key: {_describe_key(key)}\n"
-                f"  Database:     {_redact(database_url)}\n"
-                f"  NATS:         {_redact(nats_url)}\n"
-                f"  Data:         {self.data_dir}\n"
-                f"  Clients:      {stack_file} (read by events tail, simulate, ops/examples)\n"
-                "Press Ctrl-C to stop; data is kept for the next run.\n"
-            )
+            _say(self._banner(base, key, database_url, nats_url, metrics_port, stack_file))
             status = self._supervise()
         _say(f"stopped; data kept in {self.data_dir}")
         return status
+
+    def _banner(
+        self,
+        base: str,
+        key: OperatorKey,
+        database_url: str,
+        nats_url: str,
+        metrics_port: int,
+        stack_file: Path,
+    ) -> str:
+        worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "off"
+        access_log = (
+            "on (--access-log)"
+            if self.settings.access_log
+            else "off (--access-log turns it on; the traffic is on /metrics)"
+        )
+        return (
+            "\nModelForge is up.\n"
+            f"  API:          {base}\n"
+            f"  Dashboard:    {base}/ui (sign in with the operator key)\n"
+            f"  API docs:     {base}/docs\n"
+            f"  Metrics:      {base}/metrics (API), {worker_metrics} (worker)\n"
+            f"  Readiness:    {base}/readyz (names a child that keeps failing)\n"
+            f"  Operator key: {_describe_key(key)}\n"
+            f"  Database:     {_redact(database_url)}\n"
+            f"  NATS:         {_redact(nats_url)}\n"
+            f"  Models from:  {source_shown(self.settings.artifact_source_url)},"
+            f" set by {SOURCE_URL_ENV}\n"
+            f"  Access log:   {access_log}\n"
+            f"  Data:         {self.data_dir}\n"
+            f"  Clients:      {stack_file} (the URLs above and the model source; read by"
+            " admin, events tail, simulate, ops/examples)\n"
+            "Press Ctrl-C to stop; data is kept for the next run.\n"
+        )
 
     def _own_data_dir(self, cleanup: contextlib.ExitStack) -> None:
         """Lock the data dir for this run, and stop what an earlier run left running."""

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import select, text
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from schemas.admin import AuditList, AuditQuery, AuditRecord
+from schemas.admin import AUDIT_HEALTH_CHECK_KINDS, AuditList, AuditQuery, AuditRecord
 from schemas.events import NOT_AUDITED, SUBJECT_IDS, SUBJECT_PREFIX, CloudEvent
 from store.models import AuditEntry
 
@@ -84,7 +84,8 @@ async def backlog(connection: AsyncConnection | AsyncSession) -> Backlog:
 
 async def query(session: AsyncSession, asked: AuditQuery) -> AuditList:
     """The audit log for an operator: newest first, every given field matched exactly,
-    keyset-paginated by id (`next_before_id` is the next page's `before_id`)."""
+    keyset-paginated by id (`next_before_id` is the next page's `before_id`); the
+    health-check jobs' rows only when asked for."""
     statement = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(asked.limit + 1)
     exact = {
         AuditEntry.actor: asked.actor,
@@ -96,6 +97,21 @@ async def query(session: AsyncSession, asked: AuditQuery) -> AuditList:
     for column, value in exact.items():
         if value is not None:
             statement = statement.where(column == value)
+    family = func.split_part(AuditEntry.action, ".", 1)
+    if asked.kind is not None:
+        statement = statement.where(family == asked.kind)
+    if asked.node_id is not None:
+        node = str(asked.node_id)
+        statement = statement.where(
+            or_(
+                (AuditEntry.target_type == "node") & (AuditEntry.target_id == node),
+                AuditEntry.details["node_id"].astext == node,
+            )
+        )
+    if not asked.health_checks:
+        # A row without a job kind (NULL) is not a health check: coalesced, not dropped.
+        job_kind = func.coalesce(AuditEntry.details["kind"].astext, "")
+        statement = statement.where(or_(family != "job", job_kind.not_in(AUDIT_HEALTH_CHECK_KINDS)))
     if asked.since is not None:
         statement = statement.where(AuditEntry.at >= asked.since)
     if asked.until is not None:

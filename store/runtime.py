@@ -6,6 +6,7 @@ order, and the runtime jobs (probe, health, unload) over the shared leases
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,7 @@ from schemas.artifacts import DigestAlgorithm
 from schemas.errors import ErrorCode
 from schemas.events import EventType, RuntimeProfileCreated
 from schemas.jobs import JobKind
+from schemas.llama_flags import endpoint_refusals
 from schemas.protocol import StreamName
 from schemas.runtime import (
     ArtifactRef,
@@ -184,6 +186,21 @@ def admitted(profile: RuntimeProfile) -> LlamaSettings:
             code=ErrorCode.SERVER_FLAG_REFUSED,
             extra={"flags": flags},
         ) from None
+
+
+def require_serves(
+    profile: RuntimeProfile, settings: LlamaSettings, endpoints: Collection[str]
+) -> None:
+    """422 server_flag_refused when the profile sets a flag that what the load serves
+    rules out (schemas/llama_flags.py: endpoint_refusals), at declaration rather than
+    as a failed load on the node, which refuses it again."""
+    if refusals := endpoint_refusals(settings.server_args, endpoints):
+        raise Invalid(
+            f"runtime profile {profile.name} v{profile.version} cannot serve"
+            f" {', '.join(sorted(endpoints))}: " + "; ".join(r.reason for r in refusals),
+            code=ErrorCode.SERVER_FLAG_REFUSED,
+            extra={"flags": [r.flag for r in refusals]},
+        )
 
 
 @dataclass(frozen=True)

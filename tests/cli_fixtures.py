@@ -18,6 +18,7 @@ import pytest
 
 from tests.api_server import OPERATOR_KEY, RunningApi
 from tests.cli_support import (
+    TTY_COLUMNS,
     Admin,
     Running,
     command,
@@ -31,11 +32,12 @@ from tests.cli_support import (
 @pytest.fixture
 def admin(api: RunningApi, tmp_path: Path) -> Admin:
     def run(
-        *args: str, key: str | None = OPERATOR_KEY, stdin: str = ""
+        *args: str, key: str | None = OPERATOR_KEY, stdin: str = "", columns: int | None = None
     ) -> subprocess.CompletedProcess[str]:
-        return run_command(
-            *args, env=environment(api.base_url, key, tmp_path / "no-stack"), stdin=stdin
-        )
+        env = environment(api.base_url, key, tmp_path / "no-stack")
+        if columns is not None:
+            env["COLUMNS"] = str(columns)
+        return run_command(*args, env=env, stdin=stdin)
 
     return run
 
@@ -67,8 +69,11 @@ def background(api: RunningApi, tmp_path: Path) -> Iterator[Callable[..., Runnin
 
 @pytest.fixture
 def tty_admin(api: RunningApi, tmp_path: Path) -> Admin:
-    def run(*args: str, key: str | None = OPERATOR_KEY) -> subprocess.CompletedProcess[str]:
-        return run_on_tty(*args, env=environment(api.base_url, key, tmp_path / "no-stack"))
+    def run(
+        *args: str, key: str | None = OPERATOR_KEY, columns: int = TTY_COLUMNS
+    ) -> subprocess.CompletedProcess[str]:
+        env = environment(api.base_url, key, tmp_path / "no-stack")
+        return run_on_tty(*args, env=env, columns=columns)
 
     return run
 

@@ -146,14 +146,14 @@ class Running:
 TTY_COLUMNS = 400
 
 
-def tty_environment(env: dict[str, str]) -> dict[str, str]:
-    """An operator's colour terminal: whatever the test's own environment says of
-    colours (NO_COLOR, FORCE_COLOR, a dumb TERM) is left out."""
-    quiet = {"NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "TERM"}
+def tty_environment(env: dict[str, str], columns: int = TTY_COLUMNS) -> dict[str, str]:
+    """An operator's colour terminal, `columns` wide: whatever the test's own
+    environment says of colours (NO_COLOR, FORCE_COLOR, a dumb TERM) is left out."""
+    quiet = {"NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "TERM", "LINES"}
     return {
         **{k: v for k, v in env.items() if k not in quiet},
         "TERM": "xterm-256color",
-        "COLUMNS": str(TTY_COLUMNS),
+        "COLUMNS": str(columns),
     }
 
 
@@ -180,15 +180,15 @@ def _terminal_lines(master: int) -> Iterator[str]:
         os.close(master)
 
 
-def start_on_tty(*args: str, env: dict[str, str]) -> Running:
-    """The command with its stdout on a pseudo-terminal (stderr a pipe): Rich sees a
-    real terminal and colours, as in an operator's shell."""
+def start_on_tty(*args: str, env: dict[str, str], columns: int = TTY_COLUMNS) -> Running:
+    """The command with its stdout on a pseudo-terminal `columns` wide (stderr a pipe):
+    Rich sees a real terminal and colours, as in an operator's shell."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, TTY_COLUMNS, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     try:
         process = subprocess.Popen(
             command(*args),
-            env=tty_environment(env),
+            env=tty_environment(env, columns),
             stdin=subprocess.DEVNULL,
             stdout=slave,
             stderr=subprocess.PIPE,
@@ -199,9 +199,11 @@ def start_on_tty(*args: str, env: dict[str, str]) -> Running:
     return Running(process, _terminal_lines(master))
 
 
-def run_on_tty(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_on_tty(
+    *args: str, env: dict[str, str], columns: int = TTY_COLUMNS
+) -> subprocess.CompletedProcess[str]:
     """start_on_tty to the command's end: its terminal's text as stdout."""
-    running = start_on_tty(*args, env=env)
+    running = start_on_tty(*args, env=env, columns=columns)
     try:
         running.process.wait(timeout=COMMAND_S)
     finally:

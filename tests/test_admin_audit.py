@@ -24,6 +24,7 @@ from tests.admin_helpers import (
     token_id,
 )
 from tests.api_server import RunningApi
+from tests.artifact_flows import created, node_with_roots
 from tests.flows import (
     ENROLL,
     NODES,
@@ -33,6 +34,7 @@ from tests.flows import (
     enroll_body,
     now,
 )
+from tests.runtime_flows import create_probe, report_runtime
 
 # --------------------------------------------------------------------------- audit
 
@@ -251,3 +253,43 @@ def test_audit_rows_are_atomic_with_their_change(api: RunningApi, database_url: 
             c="rotate-atomic-1",
         )
         assert tagged == 1
+
+
+def test_audit_filters_by_kind_node_and_hides_health_checks(api: RunningApi) -> None:
+    """kind (the action's family), node_id (its own rows and those whose details name
+    it), and the periodic health-check jobs' rows left out unless health_checks=true."""
+    with api.client() as client:
+        node = node_with_roots(client, api, hostname="audit-node")
+        other = enroll(client, api, hostname="audit-other")
+        assert report_runtime(client, node).status_code == 200
+        health = {"kind": "runtime.health.v1", "node_id": node.node_id, "device_id": "cpu"}
+        health_job = ok(create_probe(client, api, health), 201)["id"]
+        evict_job = created(client, api, node)  # an artifact job: not a health check
+
+        every = audit(client, api, health_checks="true")
+        assert health_job in {r["target_id"] for r in every}
+        shown = audit(client, api)
+        # Left out by default: the health check's row, and only it.
+        assert {r["id"] for r in every} - {r["id"] for r in shown} == {
+            r["id"] for r in every if r["target_id"] == health_job
+        }
+        assert evict_job in {r["target_id"] for r in shown}
+
+        jobs = audit(client, api, kind="job", health_checks="true")
+        assert {r["target_id"] for r in jobs} == {health_job, evict_job}
+        assert all(r["action"].startswith("job.") for r in jobs)
+        assert [r["target_id"] for r in audit(client, api, kind="job")] == [evict_job]
+        assert {r["action"].split(".")[0] for r in audit(client, api, kind="node")} == {"node"}
+        assert audit(client, api, kind="nothing") == []
+
+        # The node's rows: its enrollment and the jobs on it; never the other node's.
+        mine = audit(client, api, node_id=node.node_id, health_checks="true")
+        assert {r["target_id"] for r in mine} == {node.node_id, health_job, evict_job}
+        theirs = audit(client, api, node_id=other.node_id)
+        assert [r["action"] for r in theirs] == ["node.enrolled"]
+        # Filters combine, and page by before_id as the unfiltered log does.
+        page = ok(client.get(AUDIT, params={"node_id": node.node_id, "kind": "node", "limit": 1},
+                             headers=api.admin_headers))  # fmt: skip
+        assert [r["action"] for r in page["items"]] == ["node.enrolled"]
+        refused(client.get(AUDIT, params={"node_id": "x"}, headers=api.admin_headers),
+                422, "validation_failed")  # fmt: skip

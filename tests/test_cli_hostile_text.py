@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel
 from rich.console import Console
 
-from cli.admin.output import Column, Output, styled
+from cli.admin.output import Column, Format, Output, styled
 from cli.terminal import literal, visible
 from schemas.admin import NodeDetail
 from schemas.protocol import ARTIFACT_JOB_FAIL
@@ -92,7 +92,7 @@ def test_nodes_list_and_get_show_what_the_agent_reported_literally(
     with api.client() as client:
         node = hostile_node(client, api)
     listed = on_terminal(ok(tty_admin("nodes", "list")))
-    assert HOSTNAME in listed and DISPLAY_NAME in listed and node.node_id in listed
+    assert HOSTNAME in listed and DISPLAY_NAME in listed and node.node_id[:8] in listed
     shown = on_terminal(ok(tty_admin("nodes", "get", node.node_id)))
     for text in (HOSTNAME, DISPLAY_NAME, SHOWN_GPU_NAME, SHOWN_HOST_OS, "rack=a1"):
         assert text in shown, text
@@ -126,7 +126,7 @@ def test_control_characters_in_stored_rows_are_shown_not_sent(
     shown = on_terminal(ok(tty_admin("nodes", "get", node.node_id)))
     assert SHOWN_STORED_HOSTNAME in shown and SHOWN_STORED_LABELS in shown
     jobs = on_terminal(ok(tty_admin("jobs", "list")))
-    assert job_id in jobs and SHOWN_STORED_FAILURE in jobs
+    assert job_id[:8] in jobs and SHOWN_STORED_FAILURE in jobs
 
 
 def test_jobs_show_a_failure_the_node_reported_literally(tty_admin: Admin, api: RunningApi) -> None:
@@ -142,7 +142,7 @@ def test_jobs_show_a_failure_the_node_reported_literally(tty_admin: Admin, api: 
         )
         assert answer.status_code == 200, answer.text
     jobs = on_terminal(ok(tty_admin("jobs", "list")))
-    assert job_id in jobs and "internal" in jobs
+    assert job_id[:8] in jobs and "internal" in jobs
     shown = on_terminal(ok(tty_admin("jobs", "get", job_id)))
     assert f"internal: {SHOWN_FAILURE_DETAIL}" in shown
 
@@ -155,11 +155,11 @@ def test_nodes_watch_shows_the_hostname_literally(
         api.settle()
         watch = tty_background("nodes", "watch", node.node_id, "--count", "1")
         # The first view (the node's row), drawn once the stream is subscribed.
-        first = on_terminal(watch.line(lambda line: node.node_id in line))
+        first = on_terminal(watch.line(lambda line: node.node_id[:8] in line))
         assert HOSTNAME in first and DISPLAY_NAME in first
         assert patch_node(client, api, node.node_id, enabled=False).status_code == 200
         event = on_terminal(watch.line(lambda line: "node.disabled" in line))
-        assert node.node_id in event and HOSTNAME in event
+        assert node.node_id[:8] in event and HOSTNAME in event
         assert watch.process.wait(timeout=60) == 0
 
 
@@ -223,7 +223,7 @@ class Row(BaseModel):
 @pytest.mark.fast
 def test_every_renderer_of_output_prints_data_literally() -> None:
     console, buffer = _terminal()
-    out = Output(json_mode=False, console=console)
+    out = Output(Format.TABLE, console=console)
     rows = [Row(host=HOSTNAME, state="online", gpu=GPU_NAME)]
     columns: list[Column[Row]] = [
         Column("HOST", lambda r: r.host),

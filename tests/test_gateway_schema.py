@@ -20,13 +20,37 @@ from schemas.gateway import (
     InvokeRefusal,
     StreamOptions,
 )
+from schemas.gateway_tools import (
+    AssistantMessage,
+    ChatMessage,
+    FunctionCall,
+    FunctionDef,
+    JsonSchemaSpec,
+    NamedToolChoice,
+    ToolCall,
+    ToolMessage,
+)
 
 pytestmark = pytest.mark.fast
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+CALL: dict[str, Any] = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "f", "arguments": "{}"},
+}
 VALID: dict[type[BaseModel], dict[str, Any]] = {
-    ChatCompletionRequest: {"model": "smol", "messages": MESSAGES},
-    InvokeParams: {"messages": MESSAGES, "max_tokens": 4},
+    # logprobs on: top_logprobs needs it (the cross-field rule), the sweep sets one field.
+    ChatCompletionRequest: {"model": "smol", "messages": MESSAGES, "logprobs": True},
+    InvokeParams: {"messages": MESSAGES, "max_tokens": 4, "logprobs": True},
+    ChatMessage: MESSAGES[0],
+    AssistantMessage: {"role": "assistant", "tool_calls": [CALL]},
+    ToolMessage: {"role": "tool", "content": "18 C", "tool_call_id": "c1"},
+    ToolCall: CALL,
+    FunctionCall: CALL["function"],
+    FunctionDef: {"name": "f", "parameters": {"type": "object"}},
+    NamedToolChoice: {"type": "function", "function": {"name": "f"}},
+    JsonSchemaSpec: {"name": "answer", "schema": {"type": "object"}},
     StreamOptions: {},
     Invoke: {
         "invoke_id": str(uuid.uuid4()),

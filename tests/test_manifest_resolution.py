@@ -108,9 +108,12 @@ def test_an_unreachable_source_is_503(api_factory: ApiFactory, hub: HubServer) -
     with api.client() as client:
         node = node_with_roots(client, api)
         resolve = {"repository": REPO, "patterns": ["*.gguf"]}
-        refused(
+        error = refused(
             create_job(client, api, node, manifest=None, resolve=resolve), 503, "source_unavailable"
         )
+    # What to do about it: which source, and the setting that chose it (offline, a mirror).
+    assert error["message"].startswith(f"the artifact source {url} (a mirror) cannot be reached")
+    assert "MODELFORGE_ARTIFACT_SOURCE_URL" in error["message"], error
 
 
 ODD_BUT_SAFE = {

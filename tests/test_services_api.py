@@ -315,6 +315,43 @@ def test_refusals_are_typed(
         refused(create(client, offline, service_body(profile["id"])), 503, "source_unavailable")
 
 
+def test_embeddings_on_a_profile_with_split_kv_buffers_are_refused_at_declaration(
+    services_api: RunningApi, hub: HubServer
+) -> None:
+    """A profile that sets no-kv-unified cannot serve embeddings (the node refuses to
+    start it: schemas/llama_flags.py endpoint_refusals); the API says so when the
+    service is declared or rolled out to embeddings, before the source is asked, not as
+    replicas that fail on every node."""
+    api = services_api
+    with api.client() as client:
+        split_kv = {"pooling": "mean", "no-kv-unified": True}
+        split = create_profile(client, api, name="split", server_args=split_kv)
+        asked = len(hub.state.requests)
+        body = service_body(split["id"], endpoints=["chat", "embeddings"])
+        flagged = refused(create(client, api, body), 422, "server_flag_refused")
+        assert flagged["extra"]["flags"] == ["no-kv-unified"]
+        assert "embeddings need the unified KV cache" in flagged["message"]
+        assert len(hub.state.requests) == asked
+        assert ok(client.get(SERVICES, headers=api.admin_headers))["items"] == []
+        # Chat alone keeps the operator's choice of KV buffers.
+        service = ok(create(client, api, service_body(split["id"])), 201)
+        assert service["template"]["endpoints"] == ["chat", "completions"]
+        # A rollout that adds embeddings on that profile is refused; nothing changes.
+        rolled = act(client, api, service["id"], "rollout", endpoints=["embeddings"])
+        assert refused(rolled, 422, "server_flag_refused")["extra"]["flags"] == ["no-kv-unified"]
+        unified = create_profile(client, api, name="unified", server_args={"pooling": "mean"})
+        moved = act(client, api, service["id"], "rollout", endpoints=["embeddings"],
+                    profile_id=unified["id"])  # fmt: skip
+        assert ok(moved)["generation"] == 2
+        # And back to the split profile while serving embeddings: refused too.
+        back = act(client, api, service["id"], "rollout", profile_id=split["id"])
+        refused(back, 422, "server_flag_refused")
+        assert (
+            ok(client.get(f"{SERVICES}/{service['id']}", headers=api.admin_headers))["generation"]
+            == 2
+        )
+
+
 async def test_one_live_service_per_name_under_a_race(services_api: RunningApi) -> None:
     api = services_api
     with api.client() as client:

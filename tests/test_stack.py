@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import NullPool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from schemas.hub import HUB_URL, SOURCE_URL_ENV
 from schemas.protocol import ADMIN_HEADER, TOKENS
 from stack.embedded_nats import EmbeddedNats
 from stack.embedded_postgres import EmbeddedPostgres
@@ -211,21 +213,28 @@ def answers(url: str, timeout_s: float) -> bool:
     return False
 
 
-def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
+def run_up_once(start_up: StartUp, data_dir: Path, access_log: bool = False) -> tuple[str, str]:
     """Start `up`, check it serves and stops cleanly; (what it said of the operator key,
     database URL)."""
     port = free_port()
-    up = start_up(data_dir, port)
+    up = start_up(data_dir, port, args=["--access-log"] if access_log else [])
     key = up.wait_for(r"Operator key: (.+)", timeout_s=180).group(1)
     database_url = up.wait_for(r"Database: +(\S+)", timeout_s=5).group(1)
+    up.wait_for(r"Press Ctrl-C to stop", timeout_s=5)
     stack_file = data_dir / "stack.json"
     info = json.loads(stack_file.read_text())
     assert info["api_url"] == f"http://127.0.0.1:{port}"
     assert info["nats_url"].startswith("nats://127.0.0.1:")
     assert info["operator_key_file"] == str((data_dir / "operator_api_key").resolve())
+    # The database a second API or worker beside it takes (the README's TLS block does).
+    assert info["database_url"] == database_url
+    assert database_url.startswith("postgresql+asyncpg://")
+    assert info["artifact_source_url"] == HUB_URL
+    assert f"Models from:  {HUB_URL} (the Hugging Face Hub), set by {SOURCE_URL_ENV}" in up.output
     base = f"http://127.0.0.1:{port}"
     assert base in up.output
     assert f"{base}/docs" in up.output
+    assert f"Dashboard:    {base}/ui " in up.output
     assert str(data_dir.resolve()) in up.output
     assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
     # Metrics are on by default, on the ports up printed.
@@ -247,6 +256,16 @@ def run_up_once(start_up: StartUp, data_dir: Path) -> tuple[str, str]:
     while not audited():
         assert time.monotonic() < deadline, "the worker's audit consumer never counted it"
         time.sleep(0.2)
+
+    # A request's log line only with --access-log: by default the fleet's traffic would
+    # bury the banner and the one-time key (it is on /metrics).
+    logged = "modelforge.api.access [correlation_id="
+    if access_log:
+        assert "Access log:   on" in up.output
+        up.wait_for(re.escape(logged) + rf".*\] POST {re.escape(TOKENS)} 201", timeout_s=10)
+    else:
+        assert "Access log:   off (--access-log turns it on" in up.output
+        assert logged not in up.output, up.output
 
     tree = up.descendants()
     names = " ".join(" ".join(p.cmdline()) for p in tree)
@@ -281,7 +300,7 @@ async def test_modelforge_up_runs_stops_and_keeps_data(
     with EmbeddedPostgres(data_dir / "postgres") as server:
         await execute(server.url("modelforge"), "create table e2e_mark (v int)")
 
-    second_shown, second_database_url = run_up_once(start_up, data_dir)
+    second_shown, second_database_url = run_up_once(start_up, data_dir, access_log=True)
     assert key not in second_shown and second_shown == f"in {key_file.resolve()}"
     assert (key_file.read_bytes(), key_file.stat().st_mtime_ns) == stamp
     assert second_database_url == database_url  # the remembered port
@@ -300,3 +319,40 @@ def test_modelforge_up_refuses_a_busy_port(start_up: StartUp, tmp_path: Path) ->
         assert up.finish(timeout_s=60) == 1
     assert f"port {port}" in up.output and "already in use" in up.output, up.output
     assert not (tmp_path / "data").exists()  # failed before starting anything
+
+
+# The driver each command would otherwise fail on only at its first connection (a
+# `psycopg` import error, repeated by every supervised process until the crash loop).
+OTHER_DRIVERS = ["postgresql://modelforge:hunter2@db:5432/db", "postgresql+psycopg://db/db"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command", ["api", "worker", "migrate", "up"])
+@pytest.mark.parametrize("url", OTHER_DRIVERS)
+def test_a_database_url_of_another_driver_is_refused_in_one_line(
+    command: str, url: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
+        "MODELFORGE_DATABASE_URL": url,
+        "MODELFORGE_NATS_URL": "nats://127.0.0.1:9",
+        "MODELFORGE_DATA_DIR": str(tmp_path / "data"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", command],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    [line] = done.stderr.splitlines()
+    scheme = url.split("://")[0]
+    assert line == (
+        f"modelforge {command}: MODELFORGE_DATABASE_URL: must be "
+        "postgresql+asyncpg://user:password@host:5432/db (the asyncpg driver, the one "
+        f"ModelForge uses); this URL has {scheme}://..."
+    )
+    assert "hunter2" not in done.stdout + done.stderr
+    assert not (tmp_path / "data").exists()  # up started nothing

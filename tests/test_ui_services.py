@@ -98,12 +98,17 @@ def test_a_service_appears_with_its_receipt_and_scales_live(
         quiet_row = page.locator(f'tr[data-service-id="{quiet}"]')
         expect(quiet_row).to_contain_text("quiet")
         expect(quiet_row.locator('[data-role="replicas"]')).to_have_text("0/0")
+        # What it serves: the default two.
+        expect(quiet_row.locator('[data-role="endpoints"]')).to_have_text("chat, completions")
         quiet_row.evaluate("row => { row.__same = true; }")
 
-        served = _create(client, api, profile, name="served", replicas=1)
+        served = _create(
+            client, api, profile, name="served", replicas=1, endpoints=["embeddings", "chat"]
+        )
         row = page.locator(f'tr[data-service-id="{served}"]')
         expect(row).to_contain_text("served", timeout=ARRIVAL_MS)
         expect(row.locator('[data-role="replicas"]')).to_have_text("0/1")
+        expect(row.locator('[data-role="endpoints"]')).to_have_text("chat, embeddings")
         # The reconciler's decision, with no node to place on.
         receipt = row.locator('[data-role="receipt"]')
         expect(receipt).to_contain_text("unplaceable", timeout=ARRIVAL_MS)
@@ -119,6 +124,7 @@ def test_a_service_appears_with_its_receipt_and_scales_live(
         expect(panel.locator('[data-role="receipt-counts"]')).to_have_text("0 of 0 nodes")
         expect(panel.locator('[data-role="receipt-message"]')).to_contain_text("0 of 0 nodes")
         expect(panel.locator('[data-role="rollout-progress"]')).to_contain_text("0/3 updated")
+        expect(panel.locator('[data-role="endpoints"]')).to_have_text("chat, embeddings")
         _scale(client, api, served, 2)
         expect(panel.locator('[data-role="rollout-progress"]')).to_contain_text(
             "0/2 updated", timeout=ARRIVAL_MS

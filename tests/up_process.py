@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -22,7 +22,13 @@ REPO = Path(__file__).resolve().parent.parent
 class UpProcess:
     """`modelforge up` as a subprocess, its output collected by a thread."""
 
-    def __init__(self, data_dir: Path, port: int, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+    ) -> None:
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")},
             "MODELFORGE_DATA_DIR": str(data_dir),
@@ -30,7 +36,7 @@ class UpProcess:
             **(env or {}),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "up"],
+            [sys.executable, "-m", "cli.main", "up", *args],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -123,11 +129,14 @@ StartUp = Callable[..., UpProcess]
 
 @pytest.fixture
 def start_up() -> Iterator[StartUp]:
-    """start_up(data_dir, port, env=None): `modelforge up`, killed after the test."""
+    """start_up(data_dir, port, env=None, args=()): `modelforge up [args]`, killed after
+    the test."""
     started: list[UpProcess] = []
 
-    def start(data_dir: Path, port: int, env: Mapping[str, str] | None = None) -> UpProcess:
-        up = UpProcess(data_dir, port, env)
+    def start(
+        data_dir: Path, port: int, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+    ) -> UpProcess:
+        up = UpProcess(data_dir, port, env, args)
         started.append(up)
         return up
 

@@ -16,12 +16,14 @@ from store.fleet import PartitionBreaker
 from store.leases import LeasePolicy
 from store.liveness import LivenessThresholds
 from store.liveness_sweep import sweep
+from store.rollup.retention import Retention
 from store.services.replicas import ServicePolicy
 from store.services.snapshot import FleetCache
 from workers.database import Database
 from workers.deployments import reconcile
 from workers.leases import expire
 from workers.outbox_retention import prune_outbox
+from workers.rollup import rollup_minute, rollup_prune
 from workers.service_reconcile import reconcile as reconcile_services
 
 logger = logging.getLogger("modelforge.workers")
@@ -31,6 +33,8 @@ LEASES_QUEUE = "leases"
 DEPLOYMENTS_QUEUE = "deployments"
 SERVICES_QUEUE = "services"
 MAINTENANCE_QUEUE = "maintenance"
+# Its own queue: a long prune on the maintenance queue never delays a minute's row.
+ROLLUP_QUEUE = "rollup"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Actors:
     deployment_reconcile: dramatiq.Actor[Any, Any]
     outbox_prune: dramatiq.Actor[Any, Any]
     service_reconcile: dramatiq.Actor[Any, Any]
+    rollup_minute: dramatiq.Actor[Any, Any]
+    rollup_prune: dramatiq.Actor[Any, Any]
 
 
 def _period(name: str, bucket: object) -> int:
@@ -88,6 +94,7 @@ def declare_actors(
     deployments: ReconcilePolicy,
     outbox_retention_s: float,
     services: ServicePolicy,
+    rollup_retention: Retention,
 ) -> Actors:
     async def liveness() -> None:
         """Record every due liveness transition."""
@@ -124,6 +131,14 @@ def declare_actors(
         """Delete the published events past the retention period."""
         await prune_outbox(database.get().sessions, outbox_retention_s)
 
+    async def rollup() -> None:
+        """The fleet's row of this minute and the nodes' telemetry minutes."""
+        await rollup_minute(database.get().sessions)
+
+    async def rollup_retention_prune() -> None:
+        """Delete the rollup's rows past retention."""
+        await rollup_prune(database.get().sessions, rollup_retention)
+
     return Actors(
         liveness_sweep=_periodic(broker, "liveness_sweep", LIVENESS_QUEUE, liveness),
         lease_expiry=_periodic(broker, "lease_expiry", LEASES_QUEUE, lease_expiry),
@@ -135,4 +150,8 @@ def declare_actors(
             broker, "outbox_prune", MAINTENANCE_QUEUE, outbox_prune, time_limit_ms=300_000
         ),
         service_reconcile=_periodic(broker, "service_reconcile", SERVICES_QUEUE, service_reconcile),
+        rollup_minute=_periodic(broker, "rollup_minute", ROLLUP_QUEUE, rollup),
+        rollup_prune=_periodic(
+            broker, "rollup_prune", MAINTENANCE_QUEUE, rollup_retention_prune, time_limit_ms=300_000
+        ),
     )

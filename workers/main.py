@@ -112,6 +112,7 @@ def _assemble(
         settings.reconcile_policy(),
         settings.outbox_retention_s,
         settings.service_policy(),
+        settings.rollup_retention(),
     )
 
 
@@ -158,6 +159,8 @@ def schedule(actors: Actors, settings: WorkerSettings) -> list[Periodic]:
         Periodic(actors.deployment_reconcile, settings.deployment_sweep_period_s),
         Periodic(actors.outbox_prune, settings.outbox_prune_period_s),
         Periodic(actors.service_reconcile, settings.service_sweep_period_s),
+        Periodic(actors.rollup_minute, settings.rollup_period_s),
+        Periodic(actors.rollup_prune, settings.rollup_prune_period_s),
     ]
 
 

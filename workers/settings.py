@@ -8,7 +8,8 @@ from pydantic_settings import SettingsConfigDict
 from broker.jetstream.settings import ReplicationSettings
 from broker.streams import StreamSpec, events_stream
 from store.services.replicas import ServicePolicy
-from store.settings import LeaseSettings
+from store.settings import DatabaseUrl, LeaseSettings
+from workers.rollup import RollupSettings
 
 
 class RelaySettings(ReplicationSettings):
@@ -18,7 +19,7 @@ class RelaySettings(ReplicationSettings):
 
     model_config = SettingsConfigDict(env_prefix="MODELFORGE_", extra="ignore")
 
-    database_url: str
+    database_url: DatabaseUrl
     # Required: see ApiSettings.nats_url.
     nats_url: str
     relay_batch_size: int = Field(default=200, gt=0)
@@ -31,7 +32,7 @@ class RelaySettings(ReplicationSettings):
         return events_stream(self.replicas, self.placement())
 
 
-class WorkerSettings(RelaySettings, LeaseSettings):
+class WorkerSettings(RelaySettings, LeaseSettings, RollupSettings):
     """`modelforge worker`: the actors, the liveness ticker and the outbox relay.
 
     Broker settings (ack wait, retries, dead letters) are BrokerSettings, read beside it.

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from agent.runtime.config import LoraFile, ModelSpec, RuntimeConfig
 from agent.runtime.jobs import RuntimeFailed
 from agent.runtime.server import ServerFailed
+from schemas.endpoints import Endpoint, default_endpoints
 from schemas.runtime import (
     LlamaSettings,
     LlamaTuning,
@@ -88,10 +89,16 @@ def verify_files(spec: LeasedFiles, binary: Path, roots: list[Path]) -> None:
 
 
 async def admitted_model(
-    spec: LeasedFiles, config: RuntimeConfig, model_id: str, *, alias: str | None = None
+    spec: LeasedFiles,
+    config: RuntimeConfig,
+    model_id: str,
+    *,
+    alias: str | None = None,
+    endpoints: list[Endpoint] | None = None,
 ) -> ModelSpec:
     """The lease's model, once its settings are admitted and its files verified: what a
-    device's server is started with (`alias`: the name it answers under)."""
+    device's server is started with (`alias`: the name it answers under; `endpoints`:
+    what it serves, the default ones when None)."""
     settings = admitted_settings(spec)
     await asyncio.to_thread(verify_files, spec, config.llama_server_path, config.artifact_roots)
     return ModelSpec(
@@ -101,6 +108,7 @@ async def admitted_model(
         server_args=settings.server_args,
         draft_model=Path(spec.draft_model.path) if spec.draft_model else None,
         loras=[LoraFile(path=Path(lora.path), scale=lora.scale) for lora in spec.loras],
+        endpoints=endpoints if endpoints is not None else default_endpoints(),
         **settings.model_dump(include=set(LlamaTuning.model_fields)),
     )
 

@@ -22,6 +22,7 @@ from pydantic_settings import SettingsConfigDict
 
 from agent.config import YamlSettings, load_settings
 from agent.failover import checked_endpoint, checked_failover
+from schemas.endpoints import Endpoints, default_endpoints
 from schemas.llama_flags import local_refusals
 from schemas.runtime import LlamaTuning, ServerArg
 
@@ -66,6 +67,8 @@ class ModelSpec(LlamaTuning):
     server_args: LocalServerArgs = Field(default_factory=dict)
     draft_model: Path | None = None
     loras: list[LoraFile] = Field(default_factory=list, max_length=8)
+    # What it serves (`--embeddings` when embeddings are), each checked at load.
+    endpoints: Endpoints = Field(default_factory=default_endpoints)
 
     @field_validator("path", "draft_model")
     @classmethod

@@ -130,7 +130,9 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
         # Refused before anything is verified: the device serves another deployment.
         model_id = deployment_model_id(spec.deployment_id)
         slot.refuse_other(model_id)
-        model = await admitted_model(spec, self.worker.config, model_id, alias=spec.model)
+        model = await admitted_model(
+            spec, self.worker.config, model_id, alias=spec.model, endpoints=spec.endpoints
+        )
         self.check()
         self.phase = "loading"
         try:
@@ -169,6 +171,7 @@ class DeploymentJob(RuntimeJob[DeploymentCompletion]):
             device_id=deployed.slot.device.id,
             health=await server_health(server),
             load_s=min(server.load_s or 0.0, 86_400) if server is not None else 0.0,
+            capabilities=await server.template_caps() if server is not None else None,
         )
 
     async def _drain(self, deployed: Deployed, deadline_s: float) -> tuple[int, int, float | None]:

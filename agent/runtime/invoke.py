@@ -6,18 +6,30 @@ INVOKE_STREAM), under the lease that came with the delivery.
   whatever the control plane sent; one that is not is refused `invoke_invalid` (422)
   when its envelope (id, lease, gateway) can be read, and dropped otherwise.
 * **Admission**: the deployment must be loaded here (else `deployment_not_loaded`,
-  503), not draining (`deployment_draining`, 503; so while the worker stops), and
-  below its `max_concurrent` (`deployment_busy`, 429). A refusal is the answer's
-  status with an `InvokeRefusal` body; the gateway retries those elsewhere.
-* **The request** is built from InvokeParams only (`llama_body`): the served name,
-  the messages, a token bound within the worker's ceiling, the sampling values that
-  were set, the stop strings, the stream flag. Nothing else reaches llama-server.
+  503), serve the invoke's endpoint (chat, completions or embeddings, as its load
+  declared them; else `endpoint_not_served`, 404: this deployment has no such
+  endpoint, another may), not be draining (`deployment_draining`, 503; so while the
+  worker stops), and be below its `max_concurrent` (`deployment_busy`, 429). A
+  refusal is the answer's status with an `InvokeRefusal` body; the gateway retries
+  those elsewhere.
+* **The request** is built from the typed params only (agent/runtime/llama_body.py)
+  and posted to the endpoint's llama-server path: for chat the served name, the
+  messages, a token bound within the worker's ceiling, the sampling values that were
+  set, the stop strings, the stream flag, and the tools, response format and log
+  probabilities asked for (and, on the shipped tool template, an assistant message
+  opening a required call); for completions the prompt in place of the messages and
+  no tools; for embeddings the inputs and their encoding. Nothing else reaches
+  llama-server.
 * **No turn**: the device is pinned to the deployment's model (it cannot switch), and
   llama-server queues requests itself; `max_concurrent` is the bound.
 * **The answer** goes back as it comes: llama-server's status and content type in the
-  headers, its bytes unchanged as a chunked body (a non-streamed answer is read whole
-  first, or refused `upstream_unavailable` when it breaks off). A stream that ends
-  without `[DONE]`, or breaks, gets agent/runtime/api.py's error event at its end.
+  headers, its bytes unchanged as a chunked body (a non-streamed answer, so every
+  embeddings answer, is read whole first, or refused `upstream_unavailable` when it
+  breaks off). A stream that ends without `[DONE]`, or breaks, gets
+  agent/runtime/api.py's error event at its end. A whole completion for a list of
+  prompts is asked one prompt at a time and merged (agent/runtime/completion_list.py:
+  llama-server's own answer to a list counts one prompt's usage), under the one
+  concurrency slot the invoke holds.
 * **Stop**: the invoke's task cancelled (a `cancel` on the channel), or the API
   refusing or dropping the stream (409 once the gateway retried elsewhere or the
   invoke ended), closes its llama-server connection at once, which is what stops
@@ -46,17 +58,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agent.client import ProtocolClient
 from agent.errors import RequestFailed, invalid_fields
 from agent.runtime.api import RELAY_ERRORS, STREAM_DONE, STREAM_FAILED
+from agent.runtime.completion_list import BrokenAnswer, complete_each, listed_prompts
 from agent.runtime.deployed import Deployed
+from agent.runtime.llama_body import endpoint_of, llama_request
 from agent.runtime.worker import RuntimeWorker
-from schemas.gateway import GatewayId, Invoke, InvokeParams, InvokeRefusal
+from schemas.gateway import GatewayId, Invoke, InvokeRefusal
 from schemas.jobs import LeaseFence
-from schemas.runtime_local import LOCAL_CHAT_COMPLETIONS
 
 logger = logging.getLogger("modelforge.runtime.invoke")
 
 _JSON = "application/json"
-# The sampling values passed on when they are set.
-_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 # Deliveries remembered for deduplication.
 REMEMBERED = 4096
 
@@ -81,25 +92,6 @@ class Refused(Exception):
 
 def _refused(status: int, code: Any, message: str) -> Refused:
     return Refused(status, InvokeRefusal(code=code, message=message))
-
-
-def llama_body(params: InvokeParams, served_name: str, ceiling: int) -> dict[str, Any]:
-    """llama-server's chat request for an invoke, from its params only."""
-    body: dict[str, Any] = {
-        "model": served_name,
-        "messages": [{"role": m.role, "content": m.content} for m in params.messages],
-        "max_tokens": max(1, min(params.max_tokens, ceiling)),
-        "stream": params.stream,
-    }
-    for key in _SAMPLING:
-        value = getattr(params, key)
-        if value is not None:
-            body[key] = value
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.stream and params.include_usage:
-        body["stream_options"] = {"include_usage": True}
-    return body
 
 
 def _as_json(delivered: Invoke | Mapping[str, Any] | str | bytes) -> str | bytes:
@@ -156,6 +148,9 @@ def _admit(worker: RuntimeWorker, invoke: Invoke) -> Deployed:
     deployed = worker.deployments.get(invoke.deployment_id)
     if deployed is None:
         raise _refused(503, "deployment_not_loaded", "the deployment is not loaded here")
+    endpoint = endpoint_of(invoke.params)
+    if endpoint not in deployed.model.endpoints:
+        raise _refused(404, "endpoint_not_served", f"the deployment does not serve {endpoint}")
     if deployed.draining or worker.stopping.is_set():
         raise _refused(503, "deployment_draining", "the deployment takes no new invokes")
     if deployed.in_flight >= deployed.max_concurrent:
@@ -171,9 +166,19 @@ async def _relay(
     server = deployed.server
     if server is None:
         raise _refused(503, "upstream_unavailable", "the deployment's server is not running")
-    body = llama_body(invoke.params, deployed.model.served_name, worker.config.max_tokens_ceiling)
+    model = deployed.model
+    path, body = llama_request(
+        invoke.params, model.served_name, worker.config.max_tokens_ceiling, model.chat_template
+    )
+    prompts = listed_prompts(invoke.params)
+    if prompts is not None:
+        try:
+            each = await complete_each(server, path, body, prompts)
+        except BrokenAnswer as exc:
+            raise _refused(503, "upstream_unavailable", str(exc)) from None
+        return await _send(client, invoke, each.status, each.content_type, each.body)
     try:
-        upstream = await server.post_relayed(LOCAL_CHAT_COMPLETIONS, json.dumps(body).encode())
+        upstream = await server.post_relayed(path, json.dumps(body).encode())
     except (*RELAY_ERRORS, RuntimeError) as exc:  # RuntimeError: its session just closed
         raise _refused(
             503, "upstream_unavailable", f"llama-server did not answer ({type(exc).__name__})"
@@ -189,25 +194,37 @@ async def _relay(
                 ) from None
         else:
             content = answer
-        await client.stream_invoke(
-            invoke.invoke_id,
-            invoke.lease,
-            invoke.gateway,
-            status=upstream.status,
-            content_type=upstream.headers.get("Content-Type", _JSON),
-            body=content,
-        )
-    except RequestFailed as exc:
-        # Refused (409: the gateway retried elsewhere, or the invoke ended) or the API
-        # unreachable: nobody reads the rest, so llama-server stops here.
-        logger.info("invoke %s: the answer stream was not taken (%s)", invoke.invoke_id, exc)
-        return "stream refused"
+        content_type = upstream.headers.get("Content-Type", _JSON)
+        return await _send(client, invoke, upstream.status, content_type, content)
     finally:
         # Closed, not released: the connection's end is what stops llama-server's work.
         upstream.close()
         if answer is not None:
             with contextlib.suppress(RuntimeError):
                 await answer.aclose()
+
+
+async def _send(
+    client: ProtocolClient,
+    invoke: Invoke,
+    status: int,
+    content_type: str,
+    body: bytes | AsyncIterator[bytes],
+) -> str:
+    try:
+        await client.stream_invoke(
+            invoke.invoke_id,
+            invoke.lease,
+            invoke.gateway,
+            status=status,
+            content_type=content_type,
+            body=body,
+        )
+    except RequestFailed as exc:
+        # Refused (409: the gateway retried elsewhere, or the invoke ended) or the API
+        # unreachable: nobody reads the rest, so llama-server stops here.
+        logger.info("invoke %s: the answer stream was not taken (%s)", invoke.invoke_id, exc)
+        return "stream refused"
     return "relayed"
 
 

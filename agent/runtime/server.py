@@ -42,11 +42,17 @@ import psutil
 from agent.processes import start_process, stop_process
 from agent.runtime.backends import DeviceRef
 from agent.runtime.config import ModelSpec
-from schemas.llama_flags import local_refusals
+from schemas.endpoints import ChatTemplateCaps, Endpoint
+from schemas.llama_flags import endpoint_refusals, local_refusals
+from schemas.runtime import ChatTemplate, RuntimeFailure
 
 logger = logging.getLogger("modelforge.runtime.server")
 
 LOOPBACK = "127.0.0.1"
+# The chat templates this worker ships (package data), by the name a profile gives.
+TEMPLATES = Path(__file__).with_name("templates")
+# What llama-server answers an embeddings request when the model pools nothing.
+_NO_POOLING = "Pooling type 'none'"
 # What llama.cpp prints when an allocation fails (CPU or GPU).
 _OOM_MARKS = ("out of memory", "failed to allocate", "cudaMalloc failed", "unable to allocate")
 
@@ -105,13 +111,26 @@ def server_argv(
         argv += ["--tensor-split", ",".join(f"{share:g}" for share in model.tensor_split)]
     if model.flash_attn is not None:
         argv += ["--flash-attn", "on" if model.flash_attn else "off"]
+    # Managed: what it serves and its chat template are the deployment's and the
+    # profile's typed fields, never server_args (schemas/llama_flags.py).
+    if "embeddings" in model.endpoints:
+        # One KV buffer for all slots: with one per slot (what an explicit `parallel`
+        # turns on) llama.cpp splits a batch of several inputs into equal-length
+        # sub-batches, and an input longer than the shortest one beside it is, as far as
+        # the source reads, pooled from a piece of it: cosine 0.65 to the same text alone
+        # (0.3.36, SmolLM2, mean; --parallel 1 or --kv-unified: 1.0000000).
+        argv += ["--embeddings", "--kv-unified"]
+    if model.chat_template != "model":
+        argv += ["--chat-template-file", str(template_file(model.chat_template))]
     if model.draft_model is not None:
         argv += ["--model-draft", str(model.draft_model)]
     for lora in model.loras:
         argv += ["--lora-scaled", f"{lora.path}:{lora.scale:g}"]
     # Checked again here, whatever built the spec: the node's own refusals hold for
     # every argv this worker starts (a probe's settings passed the allow-list too).
-    if refusals := local_refusals(model.server_args):
+    refusals = local_refusals(model.server_args)
+    refusals += endpoint_refusals(model.server_args, model.endpoints)
+    if refusals:
         raise ServerFailed("profile_refused", "; ".join(r.reason for r in refusals))
     for name, arg in model.server_args.items():
         if arg is True:
@@ -119,6 +138,24 @@ def server_argv(
         elif arg is not False:
             argv += [f"--{name}", str(arg)]
     return argv
+
+
+def template_file(name: ChatTemplate) -> Path:
+    """The shipped template of that name (a name from a typed field: never a path)."""
+    path = TEMPLATES / f"{name}.jinja"
+    if not path.is_file():
+        raise ServerFailed(RuntimeFailure.INTERNAL.value, f"the {name} template is not installed")
+    return path
+
+
+def endpoint_request(endpoint: Endpoint, model: str, content: str) -> tuple[str, dict[str, object]]:
+    """The smallest request to one endpoint: its path and body."""
+    if endpoint == "chat":
+        messages = [{"role": "user", "content": content}]
+        return "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 1}
+    if endpoint == "completions":
+        return "/v1/completions", {"model": model, "prompt": content, "max_tokens": 1}
+    return "/v1/embeddings", {"model": model, "input": content}
 
 
 def child_environment(inherited: Mapping[str, str]) -> dict[str, str]:
@@ -276,26 +313,49 @@ class LlamaServer:
             await asyncio.sleep(self.settings.probe_interval_s)
         await self._warm_up()
 
-    async def one_token(self, content: str = "hi") -> httpx.Response:
-        """A one-token chat completion: the warm-up, and a health check's inference."""
-        body = {
-            "model": self.model.served_name,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 1,
-        }
-        return await self.http.post("/v1/chat/completions", json=body, timeout=60)
+    async def one_token(
+        self, content: str = "hi", endpoint: Endpoint | None = None
+    ) -> httpx.Response:
+        """A one-token request to an endpoint it serves (the first, by default: chat
+        when it serves chat): the warm-up, and a health check's inference."""
+        path, body = endpoint_request(
+            endpoint or self.model.endpoints[0], self.model.served_name, content
+        )
+        return await self.http.post(path, json=body, timeout=60)
 
     async def _warm_up(self) -> None:
+        """Every endpoint it serves answers once, so one that cannot fails the load
+        with why, not the first client's request."""
+        for endpoint in self.model.endpoints:
+            try:
+                response = await self.one_token(endpoint=endpoint)
+            except httpx.HTTPError as exc:
+                raise (
+                    self._exited()
+                    if not self.alive
+                    else ServerFailed(
+                        "inference_failed", f"warm-up ({endpoint}): {type(exc).__name__}"
+                    )
+                ) from None
+            if response.status_code == 200:
+                continue
+            if endpoint == "embeddings" and _NO_POOLING in response.text:
+                raise ServerFailed(
+                    RuntimeFailure.EMBEDDINGS_UNAVAILABLE.value,
+                    "the model pools no embeddings: set pooling in the profile"
+                    " (server_args pooling: mean, cls or last)",
+                )
+            raise ServerFailed(
+                "inference_failed", f"warm-up ({endpoint}) answered {response.status_code}"
+            )
+
+    async def template_caps(self) -> ChatTemplateCaps | None:
+        """What its chat template can do, from `/props` (None: it did not say)."""
         try:
-            response = await self.one_token()
-        except httpx.HTTPError as exc:
-            raise (
-                self._exited()
-                if not self.alive
-                else ServerFailed("inference_failed", f"warm-up: {type(exc).__name__}")
-            ) from None
-        if response.status_code != 200:
-            raise ServerFailed("inference_failed", f"warm-up answered {response.status_code}")
+            response = await self.http.get("/props", timeout=10)
+            return ChatTemplateCaps.from_props(response.json()) if response.is_success else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     async def health(self) -> Health:
         if not self.alive:

@@ -21,9 +21,11 @@ from api.admin import (
     events,
     fleet,
     nodes,
+    overview,
     runtime,
     service_clients,
     services,
+    usage,
 )
 from api.deps import AdminTransaction, State, require_operator
 from api.errors import error_responses
@@ -214,3 +216,5 @@ router.include_router(deployments.router)
 router.include_router(service_clients.router)
 router.include_router(services.router)
 router.include_router(events.router)
+router.include_router(usage.router)
+router.include_router(overview.router)

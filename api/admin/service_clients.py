@@ -36,6 +36,7 @@ def client_view(client: ServiceClient) -> ServiceClientView:
         roles=list(client.roles),
         max_concurrent=client.max_concurrent,
         rate_per_minute=client.rate_per_minute,
+        max_tokens_per_day=client.max_tokens_per_day,
         state=service_clients.state_of(client),
         created_at=client.created_at,
         rotated_at=client.rotated_at,

@@ -67,7 +67,7 @@ async def create_service(
     (422), the name free among services not deleted (409). The reconciler places its
     replicas; the answer has none yet."""
     async with state.sessions() as read:
-        _, settings = await services.admitted_profile(read, body.profile_id)
+        _, settings = await services.admitted_profile(read, body.profile_id, body.endpoints)
         await services.check_environment(read, body.environment_id)
         await services.check_name_free(read, body.name)
     artifact, summary_estimate = await _sourced(state, body.artifact, settings)
@@ -234,7 +234,8 @@ async def _next_template(
     async with state.sessions() as read:
         current, generation = await _current(read, service_id)
         profile_id = body.profile_id or current.profile_id
-        profile, settings = await services.admitted_profile(read, profile_id)
+        endpoints = body.endpoints or current.endpoints
+        profile, settings = await services.admitted_profile(read, profile_id, endpoints)
         environment_id = current.environment_id
         if "environment_id" in body.model_fields_set:
             environment_id = body.environment_id
@@ -249,6 +250,7 @@ async def _next_template(
             "profile_version": profile.version,
             "environment_id": environment_id,
             "max_concurrent": body.max_concurrent or current.max_concurrent,
+            "endpoints": endpoints,
         }
     )
     if artifact != current.artifact or profile.id != current.profile_id:

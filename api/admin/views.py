@@ -30,6 +30,7 @@ from schemas.deployments import (
     DeploymentState,
     DeploymentView,
 )
+from schemas.endpoints import ChatTemplateCaps
 from schemas.jobs import JobFailureView, JobFamily, JobKind, JobState, JobView, LeaseView
 from schemas.protocol import StreamName
 from schemas.runtime import RUNTIME_FAMILY, ArtifactRef, RuntimeKindView, RuntimeProgressView
@@ -232,6 +233,7 @@ def deployment_view(deployment: Deployment) -> DeploymentView:
         id=deployment.id,
         model=deployment.model,
         roles=list(deployment.roles),
+        endpoints=list(deployment.endpoints),
         node_id=deployment.node_id,
         device_id=deployment.device_id,
         artifact=ArtifactRef.model_validate(deployment.artifact),
@@ -240,6 +242,11 @@ def deployment_view(deployment: Deployment) -> DeploymentView:
         environment_id=deployment.environment_id,
         state=DeploymentState(deployment.state),
         max_concurrent=deployment.max_concurrent,
+        capabilities=(
+            ChatTemplateCaps.model_validate(deployment.capabilities)
+            if deployment.capabilities
+            else None
+        ),
         failure=(
             DeploymentFailure(code=deployment.failure_code, detail=deployment.failure_detail or "")
             if deployment.failure_code

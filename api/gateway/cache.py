@@ -18,7 +18,7 @@ The table also ages out after `routes_max_age_s`: node liveness and probe eviden
 it joins, do not notify this channel. A stale table only ever costs a try: the runtime
 worker checks every invoke again (loaded, not draining, below its bound), and a node gone
 away has no channel to take it. An empty answer is never trusted: the caller asks the
-database before answering 404 or 503 (api/gateway/routes.py).
+database before answering 404 or 503 (api/gateway/call.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.cache_guard import ChangeGuard, kept_by_listen
 from api.gateway.scope import ClientScope
+from schemas.endpoints import Endpoint
 from store import secrets
 from store.deployments import routing as deployment_routes
 from store.deployments.routing import Route
@@ -104,14 +105,15 @@ class GatewayCache:
 
     # ------------------------------------------------------------------ the routing table
 
-    async def routes(self, name: str) -> list[Route]:
-        """The ready deployments of a model or role, cooling recomputed for now."""
+    async def routes(self, name: str, endpoint: Endpoint = "chat") -> list[Route]:
+        """The ready deployments of a model or role that serve the endpoint, cooling
+        recomputed for now."""
         now = time.monotonic()
         table = await self._current(now)
         return [
             dataclasses.replace(route, cooling=now < cool_until)
             for route, cool_until in table
-            if route.model == name or name in route.roles
+            if (route.model == name or name in route.roles) and endpoint in route.endpoints
         ]
 
     def forget_routes(self) -> None:
@@ -171,7 +173,7 @@ def database_routes(sessions: async_sessionmaker[AsyncSession]) -> ReadRoutes:
 
     async def read() -> list[Route]:
         async with sessions() as session, session.begin():
-            return await deployment_routes.routes(session)
+            return await deployment_routes.routes(session, endpoint=None)
 
     return read
 

@@ -1,7 +1,7 @@
 """The gateway's own measurements per served model, for autoscale (store/services/
 reconcile.py): kept in this process, written to PostgreSQL every few seconds.
 
-On the request path only counters and a bounded deque move (api/gateway/routes.py):
+On the request path only counters and a bounded deque move (api/gateway/call.py):
 an invoke begins (once its routes are known) and ends (its answer whole, its stream
 closed, or it failed), a failure is counted, a stream's first chunk gives a time to
 first token (arrival to first chunk: the gateway's queue and the node's both). A plain
@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.periodic import running
 from store.services import measurements as store
 from store.services.measurements import Window
 
@@ -172,12 +173,9 @@ async def gateway_measurements(
 ) -> AsyncIterator[GatewayMeasurements]:
     """Written every `interval_s` for the lifespan; this process's rows deleted at the end."""
     measured = GatewayMeasurements(sessions, instance, interval_s)
-    stop = asyncio.Event()
-    task = asyncio.create_task(measured.run(stop), name="gateway-measurements")
     try:
-        yield measured
+        async with running(measured.run, "gateway-measurements"):
+            yield measured
     finally:
-        stop.set()
-        await task
         with contextlib.suppress(SQLAlchemyError, OSError):
             await measured.forget()

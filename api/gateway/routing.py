@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.endpoints import Endpoint
 from store.deployments.routing import Route
 
 
@@ -35,10 +36,20 @@ def _evidence(route: Route) -> tuple[float, float]:
 
 
 def order(
-    routes: Sequence[Route], local: Mapping[uuid.UUID, int], rng: random.Random
+    routes: Sequence[Route],
+    local: Mapping[uuid.UUID, int],
+    rng: random.Random,
+    *,
+    endpoint: Endpoint = "chat",
+    needs_tools: bool = False,
 ) -> list[Choice]:
-    """The deployments to try, first choice first; empty when all are cooling down."""
-    live = [route for route in routes if not route.cooling]
+    """The deployments to try, first choice first: those that serve the endpoint (and
+    call tools, when the request needs it); empty when all of them are cooling down."""
+    live = [
+        route
+        for route in routes
+        if not route.cooling and endpoint in route.endpoints and (route.tools or not needs_tools)
+    ]
     if not live:
         return []
     if len(live) == 1:

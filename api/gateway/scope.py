@@ -22,6 +22,8 @@ class ClientScope:
     roles: frozenset[str]
     max_concurrent: int | None
     rate_per_minute: int | None
+    # Prompt and completion tokens a UTC day (api/gateway/usage.py).
+    max_tokens_per_day: int | None = None
 
     def allows(self, model: str) -> bool:
         """A model or role name this client is scoped to."""
@@ -36,4 +38,5 @@ def scope_of(client: ServiceClient) -> ClientScope:
         roles=frozenset(client.roles),
         max_concurrent=client.max_concurrent,
         rate_per_minute=client.rate_per_minute,
+        max_tokens_per_day=client.max_tokens_per_day,
     )

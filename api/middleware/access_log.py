@@ -1,5 +1,6 @@
-"""One access record per request: a log line (method, path, status, duration; never bodies
-or headers) and the request's metrics (api/metrics.py), from one status capture."""
+"""One access record per request: the request's metrics (api/metrics.py) and, when the
+process turned it on (MODELFORGE_ACCESS_LOG, `modelforge up --access-log`), a log line
+(method, path, status, duration; never bodies or headers), from one status capture."""
 
 from __future__ import annotations
 
@@ -15,10 +16,20 @@ logger = logging.getLogger("modelforge.api.access")
 UNMATCHED = "unmatched"
 
 
+def configure_access_log(enabled: bool) -> None:
+    """Whether this process writes the per-request lines. Off by default: at a fleet's
+    cadence (heartbeats, telemetry, job polls of every node) they bury every other line,
+    `up`'s banner and its one-time operator key included; the traffic is on /metrics."""
+    logger.disabled = not enabled
+
+
 def record_access(method: str, path: str, status: int, elapsed_s: float) -> None:
     """The access log line of one request (also written by api/agent/fast_path.py)."""
     # The path only, never the query string: filters could carry identifiers an
-    # operator would rather not see in shared logs.
+    # operator would rather not see in shared logs. It arrives percent-decoded, so a
+    # client's %0a would end the line and forge the next one: spelled out instead.
+    if not path.isprintable():
+        path = path.encode("unicode_escape").decode("ascii")
     logger.info("%s %s %d %.1fms", method, path, status, elapsed_s * 1000)
 
 

@@ -5,7 +5,7 @@ how --json is honoured is written here once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import typer
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from cli.admin.client import AdminClient
 from cli.admin.context import admin, output
-from cli.admin.output import Column
+from cli.admin.output import Column, Format, fields_of
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -34,27 +34,35 @@ def answer(ctx: typer.Context, call: Callable[[AdminClient], T]) -> T:
 
 
 def show_page(
-    ctx: typer.Context, json: bool, columns: Sequence[Column[Any]], call: Callable[[AdminClient], M]
+    ctx: typer.Context,
+    how: Format,
+    columns: Sequence[Column[Any]],
+    call: Callable[[AdminClient], M],
 ) -> M:
     """A list answer: its items as a table."""
     found = answer(ctx, call)
     if not isinstance(found, Page):
         raise TypeError(f"{type(found).__name__} is not a page")
-    output(json).table(found, found.items, columns)
+    output(how).table(found, found.items, columns)
     return found
 
 
 def show_row(
-    ctx: typer.Context, json: bool, columns: Sequence[Column[M]], call: Callable[[AdminClient], M]
+    ctx: typer.Context, how: Format, columns: Sequence[Column[M]], call: Callable[[AdminClient], M]
 ) -> M:
     """One object (created, changed) as a table's one row."""
     view = answer(ctx, call)
-    output(json).table(view, [view], columns)
+    output(how).table(view, [view], columns)
     return view
 
 
-def show_detail(ctx: typer.Context, json: bool, call: Callable[[AdminClient], M]) -> M:
-    """One object as a key/value panel of its fields."""
+def show_detail(
+    ctx: typer.Context,
+    how: Format,
+    call: Callable[[AdminClient], M],
+    fields: Callable[[M], Iterable[tuple[str, object]]] = fields_of,
+) -> M:
+    """One object as a key/value panel: its fields, or those `fields` makes of it."""
     view = answer(ctx, call)
-    output(json).detail(view, view.model_dump().items())
+    output(how).detail(view, fields(view))
     return view

@@ -24,27 +24,35 @@ from cli.admin import (
     fleet,
     jobs,
     nodes,
+    overview,
     runtime,
+    service_clients,
     services,
     tokens,
+    usage,
 )
 from cli.admin.client import AdminFailure
 from cli.admin.context import Admin
+from cli.admin.help import HELP_NAMES, quiet_flags
 from cli.terminal import visible
+from cli.version import package_version
 
 
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="modelforge admin",
         help=(
-            "Operate the control plane. The API comes from --api-url, MODELFORGE_API_URL or "
-            "the running `modelforge up`; the operator key from MODELFORGE_OPERATOR_API_KEY "
-            "or the file `up` keeps it in (never from the command line)."
+            "Operate the control plane.\n\n"
+            "The API comes from --api-url, MODELFORGE_API_URL or the running `modelforge up`; "
+            "the operator key from MODELFORGE_OPERATOR_API_KEY or the file `up` keeps it in "
+            "(never from the command line). Lists fit the terminal (`-o wide` shows whole "
+            "ids, ISO times and every column; `-o json` the API's answer)."
         ),
         no_args_is_help=True,
+        rich_markup_mode="markdown",
         # Our failures are one line (run below); a traceback is never an operator's answer.
         pretty_exceptions_enable=False,
-        context_settings={"help_option_names": ["-h", "--help"]},
+        context_settings={"help_option_names": HELP_NAMES},
     )
 
     @app.callback()
@@ -53,6 +61,12 @@ def build_app() -> typer.Typer:
         api_url: Annotated[
             str | None, typer.Option(help="the control plane, e.g. https://cp.internal:8443")
         ] = None,
+        version: Annotated[
+            bool,
+            typer.Option(
+                "--version", is_eager=True, callback=show_version, help="print the version"
+            ),
+        ] = False,
     ) -> None:
         ctx.obj = Admin(api_url)
 
@@ -61,16 +75,24 @@ def build_app() -> typer.Typer:
     app.add_typer(jobs.app, name="jobs")
     app.add_typer(runtime.app, name="runtime")
     app.add_typer(deployments.app, name="deployments")
-    app.add_typer(deployments.clients, name="service-clients")
+    app.add_typer(service_clients.app, name="service-clients")
     app.add_typer(services.app, name="services")
     app.add_typer(fleet.app, name="fleet")
     app.add_typer(dead_letters.app, name="dead-letters")
+    app.command("overview")(overview.overview)
     app.command("audit")(audit.audit)
+    app.command("usage")(usage.usage)
     return app
 
 
+def show_version(value: bool) -> None:
+    if value:
+        print(f"modelforge {package_version()}")
+        raise typer.Exit()
+
+
 def run(argv: Sequence[str]) -> int:
-    command = typer.main.get_command(build_app())
+    command = quiet_flags(typer.main.get_command(build_app()))
     try:
         result = command.main(args=list(argv), prog_name="modelforge admin", standalone_mode=False)
     except AdminFailure as exc:

@@ -20,6 +20,7 @@ from typing import Any, Final, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from cli.admin import diagnose
 from schemas.errors import ErrorBody
 from schemas.protocol import ADMIN_EVENTS, ADMIN_HEADER, CORRELATION_HEADER
 from schemas.stack import (
@@ -167,12 +168,12 @@ class AdminClient:
         except httpx.RequestError as exc:
             # Not only the connection (TransportError): a body that does not decode or
             # a redirect loop (a proxy in the way) is said in one line too.
-            what = "cannot reach" if isinstance(exc, httpx.TransportError) else "no answer from"
-            raise AdminFailure(
-                f"{what} the API at {self.target.api_url} ({type(exc).__name__})"
-            ) from None
+            raise AdminFailure(diagnose.transport(exc, self.target.api_url)) from None
         if response.is_error:
-            raise refusal(response)
+            raise refusal(response, self.target.api_url)
+        if not diagnose.ours(response):
+            # A 200 from another server (a dashboard, a proxy's page) is no answer either.
+            raise AdminFailure(diagnose.foreign(response, self.target.api_url))
         return response
 
     def call(
@@ -217,7 +218,9 @@ class AdminClient:
             ) as response:
                 if response.is_error:
                     response.read()
-                    raise refusal(response)
+                    raise refusal(response, self.target.api_url)
+                if not diagnose.ours(response):
+                    raise AdminFailure(diagnose.foreign(response, self.target.api_url))
                 for message in _sse(response.iter_lines()):
                     subscribed = subscribed or message == ("", "")
                     yield message
@@ -226,7 +229,7 @@ class AdminClient:
             raise AdminFailure(
                 f"the event stream from {where} broke ({type(exc).__name__})"
                 if subscribed
-                else f"cannot reach the API at {where} ({type(exc).__name__})"
+                else diagnose.transport(exc, where)
             ) from None
 
 
@@ -256,15 +259,26 @@ def _query(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def refusal(response: httpx.Response) -> AdminFailure:
-    """The error contract's body as one line; anything else (a proxy's page) as its status."""
+def refusal(response: httpx.Response, api_url: str) -> AdminFailure:
+    """The error contract's body as one line; a server that is not ours (no correlation
+    id: a proxy's page, another service) said to be so; our own answer without the
+    envelope (a proxy in between rewrote it) as its status."""
+    if not diagnose.ours(response):
+        return AdminFailure(diagnose.foreign(response, api_url))
     correlation = response.headers.get(CORRELATION_HEADER, "-")
     try:
         body = ErrorBody.model_validate_json(response.content)
     except ValidationError:
         pass
     else:
-        return Refused(response.status_code, body.code.value, body.message, body.correlation_id)
+        message = body.message
+        if body.details:
+            # What to change: the first field refused, where the message alone is general
+            # ("the request does not match the schema").
+            first = body.details[0]
+            where = ".".join(str(p) for p in first.location[1:]) or "body"
+            message = f"{message}: {where}: {first.message}"
+        return Refused(response.status_code, body.code.value, message, body.correlation_id)
     # A newer API's code this CLI does not know yet still reads as itself.
     try:
         loose = json.loads(response.content)

@@ -4,19 +4,58 @@ options."""
 
 from __future__ import annotations
 
+import re
+import uuid
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 import typer
 
 from cli.admin.client import AdminClient, Target, resolve_target
-from cli.admin.output import Output
+from cli.admin.output import Format, Output
 
-JsonOption = Annotated[bool, typer.Option("--json", help="the API's answer as JSON (one line)")]
+# What a table shows of an id (or some more of it).
+SHORT: Final = re.compile(r"[0-9a-fA-F-]{1,35}")
+
+JsonOption = Annotated[bool, typer.Option("--json", help="the same as -o json")]
+FormatOption = Annotated[
+    Format | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (fits the terminal), wide (whole ids, ISO times, every column), "
+        "json (the API's answer, one line)",
+    ),
+]
 WatchOption = Annotated[
     bool, typer.Option("--watch", "-w", help="then follow the event stream (Ctrl-C stops)")
 ]
 LimitOption = Annotated[int, typer.Option(min=1, max=1000, help="at most this many")]
+
+
+def whole_id(text: str) -> uuid.UUID:
+    """An id argument: the whole id. A table's 8 characters are said to be short, with
+    where the whole one is, rather than "not a valid UUID"."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        pass
+    if SHORT.fullmatch(text):
+        raise typer.BadParameter(
+            f"{text!r} is a short id: give the whole id (`-o wide` or --json shows it)"
+        )
+    raise typer.BadParameter(f"{text!r} is not an id")
+
+
+def id_argument(help: str) -> Any:
+    return typer.Argument(help=help, parser=whole_id)
+
+
+def id_option(help: str) -> Any:
+    return typer.Option(help=help, parser=whole_id, metavar="ID")
+
+
+NodeArg = Annotated[uuid.UUID, id_argument("the node's id")]
 
 
 @dataclass
@@ -40,5 +79,12 @@ def admin(ctx: typer.Context) -> Admin:
     return found
 
 
-def output(json_mode: bool) -> Output:
-    return Output(json_mode)
+def form(json: bool, output: Format | None = None) -> Format:
+    """-o's form; --json is -o json (and wins, as the older spelling a script uses)."""
+    if json:
+        return Format.JSON
+    return output or Format.TABLE
+
+
+def output(json: bool | Format, fmt: Format | None = None) -> Output:
+    return Output(json if isinstance(json, Format) else form(json, fmt))

@@ -13,16 +13,16 @@ import typer
 from pydantic import BaseModel
 
 from cli.admin.answers import show_page
-from cli.admin.context import JsonOption, LimitOption
+from cli.admin.context import FormatOption, JsonOption, LimitOption, form, id_option
 from cli.admin.output import Column
 from schemas.jobs import JobState
 
-NodeFilter = Annotated[uuid.UUID | None, typer.Option("--node", help="only this node's")]
+NodeFilter = Annotated[uuid.UUID | None, id_option("only this node's")]
 StateFilter = Annotated[list[JobState] | None, typer.Option("--state", help="repeatable")]
 
 
 def list_command(
-    page: type[BaseModel], route: str, columns: Sequence[Column[Any]]
+    page: type[BaseModel], route: str, columns: Sequence[Column[Any]], description: str
 ) -> Callable[..., None]:
     """The `list` command of one family's jobs: its page model, its route, its columns."""
 
@@ -32,8 +32,10 @@ def list_command(
         state: StateFilter = None,
         limit: LimitOption = 100,
         json: JsonOption = False,
+        fmt: FormatOption = None,
     ) -> None:
         query = {"node_id": node, "state": state, "limit": limit}
-        show_page(ctx, json, columns, lambda c: c.get(page, route, **query))
+        show_page(ctx, form(json, fmt), columns, lambda c: c.get(page, route, **query))
 
+    list_jobs.__doc__ = description
     return list_jobs

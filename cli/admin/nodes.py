@@ -4,20 +4,30 @@ operator does to one (disable, enable, labels, credentials, decommission)."""
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
+from cli.admin import credentials
 from cli.admin.answers import answer, show_page, show_row
 from cli.admin.client import AdminClient, AdminFailure
-from cli.admin.context import JsonOption, LimitOption, WatchOption, admin, output
-from cli.admin.output import Column, Output, cell, size, styled
+from cli.admin.context import (
+    FormatOption,
+    JsonOption,
+    LimitOption,
+    NodeArg,
+    WatchOption,
+    admin,
+    form,
+    id_argument,
+    output,
+)
+from cli.admin.help import group
+from cli.admin.output import Column, Format, Output, size, styled
 from cli.admin.watch import follow
 from schemas.admin import (
-    CredentialRevoked,
-    CredentialRotated,
     DecommissionPreview,
     DecommissionRequest,
     DecommissionResult,
@@ -28,35 +38,57 @@ from schemas.admin import (
     NodePatch,
     NodeSummary,
 )
+from schemas.agent import GpuTelemetry, StorageTelemetry
 from schemas.artifacts import NodeArtifact, NodeArtifactList
 from schemas.events import CloudEvent
 from schemas.protocol import NODES
 from schemas.runtime_local import NodeRuntimeView, RuntimeDevice
 
-app = typer.Typer(help="nodes: liveness, GPUs, telemetry, labels; disable, rotate, decommission")
-credential_app = typer.Typer(help="a node's credential: revoke, rotate")
-app.add_typer(credential_app, name="credential")
+app = group("Nodes: liveness, GPUs, telemetry and labels; disable, rotate, decommission.")
+app.add_typer(credentials.app, name="credential")
 
-NodeArg = Annotated[uuid.UUID, typer.Argument(help="the node's id")]
 
 NODE_COLUMNS: list[Column[NodeSummary]] = [
     Column("ID", lambda n: n.id),
-    Column("HOSTNAME", lambda n: n.hostname),
-    Column("NAME", lambda n: n.display_name),
+    Column("HOSTNAME", lambda n: n.hostname, flex=True),
+    Column("NAME", lambda n: n.display_name, flex=2),
     Column("LIVENESS", lambda n: n.liveness, styled=True),
     Column("ENABLED", lambda n: n.enabled),
-    Column("AGENT", lambda n: n.agent_version),
-    Column("LABELS", lambda n: n.labels),
-    Column("LAST HEARTBEAT", lambda n: n.last_heartbeat_at),
+    Column("AGENT", lambda n: n.agent_version, flex=2),
+    Column("LABELS", lambda n: n.labels, flex=2),
+    Column("HEARTBEAT", lambda n: n.last_heartbeat_at),
+    Column("PROTOCOL", lambda n: n.protocol_version, wide=True),
+    Column("ENROLLED", lambda n: n.enrolled_at, wide=True),
+    Column("DECOMMISSIONED", lambda n: n.decommissioned_at, wide=True),
 ]
 
-GPU_COLUMNS: list[Column[GpuInfo]] = [
-    Column("INDEX", lambda g: g.index),
-    Column("UUID", lambda g: g.uuid),
-    Column("NAME", lambda g: g.name),
-    Column("MEMORY", lambda g: size(g.memory_total_bytes)),
-    Column("STATE", lambda g: "missing" if g.missing else "present", styled=True),
-    Column("MISSING SINCE", lambda g: g.missing_since),
+
+@dataclass(frozen=True)
+class GpuRow:
+    """A GPU of the inventory beside what its last telemetry said of it."""
+
+    info: GpuInfo
+    now: GpuTelemetry | None
+
+
+GPU_COLUMNS: list[Column[GpuRow]] = [
+    Column("INDEX", lambda g: g.info.index),
+    Column("NAME", lambda g: g.info.name, flex=True),
+    Column("MEMORY", lambda g: size(g.info.memory_total_bytes)),
+    Column("USED", lambda g: size(g.now.memory_used_bytes) if g.now else None),
+    Column("UTIL %", lambda g: g.now.utilization_percent if g.now else None),
+    Column("TEMP °C", lambda g: g.now.temperature_c if g.now else None),
+    Column("POWER W", lambda g: g.now.power_w if g.now else None),
+    Column("STATE", lambda g: "missing" if g.info.missing else "present", styled=True),
+    Column("UUID", lambda g: g.info.uuid, wide=True),
+    Column("MISSING SINCE", lambda g: g.info.missing_since, wide=True),
+    Column("DRIVER", lambda g: g.info.driver_version, wide=True),
+    Column("CUDA", lambda g: g.info.cuda_version, wide=True),
+]
+STORAGE_COLUMNS: list[Column[StorageTelemetry]] = [
+    Column("PATH", lambda s: s.path, flex=True),
+    Column("USED", lambda s: size(s.used_bytes)),
+    Column("TOTAL", lambda s: size(s.total_bytes)),
 ]
 
 
@@ -71,10 +103,11 @@ def list_nodes(
     label: Annotated[list[str] | None, typer.Option(help="key=value or key; repeatable")] = None,
     limit: LimitOption = 100,
     json: JsonOption = False,
+    fmt: FormatOption = None,
     watch: WatchOption = False,
 ) -> None:
     """The nodes, like `nomad node status`."""
-    out = output(json)
+    out = output(json, fmt)
     params = {"liveness": [v.value for v in liveness or []], "label": label or [], "limit": limit}
     with admin(ctx).client() as client:
 
@@ -90,13 +123,15 @@ def list_nodes(
 @app.command("watch")
 def watch_nodes(
     ctx: typer.Context,
-    node: Annotated[uuid.UUID | None, typer.Argument(help="only this node")] = None,
+    node: Annotated[uuid.UUID | None, id_argument("only this node")] = None,
     count: Annotated[int | None, typer.Option(min=1, help="exit after this many events")] = None,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
-    """The nodes, then a row for each node event as it happens (the event's JSON with
-    --json)."""
-    out = output(json)
+    """The nodes, then a line for each node event as it happens.
+
+    With -o json, each event's JSON."""
+    out = output(json, fmt)
     with admin(ctx).client() as client:
 
         def draw() -> None:
@@ -129,23 +164,26 @@ def _node_row(client: AdminClient, out: Output, event: CloudEvent) -> bool:
         now = [styled(node.liveness.value), " ", node.hostname]
     except AdminFailure:
         now = ["-"]
-    out.line(f"{event.time:%H:%M:%S}  {event.action:<26} {event.nodeid}  ", *now)
+    out.row_line(f"{event.time:%H:%M:%S}  {event.action:<26} {out.id(event.nodeid)}  ", *now)
     return True
 
 
 @app.command("get")
-def get_node(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+def get_node(
+    ctx: typer.Context, node: NodeArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
     """One node: liveness, inventory, GPUs (missing ones flagged), telemetry, labels."""
-    out = output(json)
+    out = output(json, fmt)
     detail = answer(ctx, lambda c: c.get(NodeDetail, f"{NODES}/{node}"))
     if out.json_mode:
         out.json(detail)
         return
     host = detail.inventory.host if detail.inventory else None
+    telemetry = detail.telemetry
     out.detail(
         detail,
         [
-            ("id", detail.id),
+            ("ID", detail.id),
             ("hostname", detail.hostname),
             ("display name", detail.display_name),
             ("liveness", detail.liveness),
@@ -159,39 +197,43 @@ def get_node(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> Non
             ("decommissioned", detail.decommissioned_at),
             ("host", f"{host.os} {host.kernel}, {host.cpu_count} CPUs" if host else None),
             ("artifact roots", host.artifact_roots if host else None),
+            (
+                "RAM",
+                f"{size(telemetry.ram_used_bytes)} used of {size(telemetry.ram_total_bytes)}"
+                if telemetry
+                else None,
+            ),
         ],
     )
+    now = {g.uuid.lower(): g for g in telemetry.gpus} if telemetry else {}
+    rows = [GpuRow(g, now.get(g.uuid.lower())) for g in detail.gpus]
     missing = [g for g in detail.gpus if g.missing]
     title = f"GPUs ({len(missing)} missing)" if missing else "GPUs"
-    out.rows(detail.gpus, GPU_COLUMNS, title=title)
-    telemetry = detail.telemetry
-    if telemetry is not None:
-        out.line(f"RAM {size(telemetry.ram_used_bytes)} of {size(telemetry.ram_total_bytes)} used")
-        rows = [
-            (g.uuid, g.utilization_percent, size(g.memory_used_bytes), g.temperature_c, g.power_w)
-            for g in telemetry.gpus
-        ]
-        if rows:
-            out.line("UUID  UTIL%  MEM USED  TEMP C  POWER W")
-            for row in rows:
-                out.line("  ".join(cell(v) for v in row))
+    out.rows(rows, GPU_COLUMNS, title=title)
+    if telemetry is not None and telemetry.storage:
+        out.rows(telemetry.storage, STORAGE_COLUMNS, title="Storage")
 
 
-def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, json: bool) -> None:
+def _patch(ctx: typer.Context, node: uuid.UUID, body: NodePatch, how: Format) -> None:
     show_row(
-        ctx, json, NODE_COLUMNS, lambda c: c.call(NodeDetail, "PATCH", f"{NODES}/{node}", body=body)
+        ctx, how, NODE_COLUMNS, lambda c: c.call(NodeDetail, "PATCH", f"{NODES}/{node}", body=body)
     )
 
 
 @app.command("disable")
-def disable(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+def disable(
+    ctx: typer.Context, node: NodeArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
     """Refuse the node's traffic and schedule nothing on it (reversible)."""
-    _patch(ctx, node, NodePatch(enabled=False), json)
+    _patch(ctx, node, NodePatch(enabled=False), form(json, fmt))
 
 
 @app.command("enable")
-def enable(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
-    _patch(ctx, node, NodePatch(enabled=True), json)
+def enable(
+    ctx: typer.Context, node: NodeArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
+    """Take the node's traffic and schedule on it again (undoes disable)."""
+    _patch(ctx, node, NodePatch(enabled=True), form(json, fmt))
 
 
 @app.command("label")
@@ -200,6 +242,7 @@ def label(
     node: NodeArg,
     labels: Annotated[list[str], typer.Argument(help="key=value to set, key- to remove")],
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """Set or remove labels (`kubectl label` style); the others are kept."""
     current = dict(answer(ctx, lambda c: c.get(NodeDetail, f"{NODES}/{node}")).labels)
@@ -211,75 +254,7 @@ def label(
             current[key] = value
         else:
             raise typer.BadParameter(f"{item!r}: give key=value or key-")
-    _patch(ctx, node, NodePatch.model_validate({"labels": current}), json)
-
-
-@credential_app.command("revoke")
-def revoke_credential(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
-    """Revoke the node's credentials: it is refused until it is given a new one."""
-    out = output(json)
-    revoked = answer(ctx, lambda c: c.post(CredentialRevoked, f"{NODES}/{node}/credential/revoke"))
-    if out.json_mode:
-        out.json(revoked)
-    else:
-        out.line(f"revoked {len(revoked.revoked_credential_ids)} credential(s)")
-
-
-@credential_app.command("rotate")
-def rotate_credential(
-    ctx: typer.Context,
-    node: NodeArg,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(help="the agent's state dir: install the new credential there at once"),
-    ] = None,
-    json: JsonOption = False,
-) -> None:
-    """Issue a new credential (the old ones are revoked). With --state-dir (run on the
-    node), it is installed in the agent's state in the same step; otherwise it is shown
-    once, for `modelforge agent install-credential`."""
-    from agent.errors import AgentError
-    from agent.state import StateDir
-
-    out = output(json)
-    state = StateDir(state_dir) if state_dir is not None else None
-    if state is not None:
-        # Checked before rotating: a credential rotated for the wrong state dir would
-        # revoke the node's working one and have nowhere to go.
-        try:
-            identity = state.load_identity()
-        except (AgentError, OSError) as exc:
-            raise AdminFailure(f"{state_dir}: {exc}") from None
-        if identity is None or identity.node_id != node:
-            held = "no identity" if identity is None else f"node {identity.node_id}"
-            raise AdminFailure(f"{state_dir} holds {held}, not node {node}; nothing was rotated")
-    rotated = answer(ctx, lambda c: c.post(CredentialRotated, f"{NODES}/{node}/credential/rotate"))
-    if state is None:
-        if out.json_mode:
-            out.json(rotated)
-        else:
-            out.line(
-                f"credential {rotated.credential_id} (shown once; install it on the node "
-                "with `modelforge agent install-credential`):"
-            )
-            out.secret(rotated.credential)
-        return
-    try:
-        installed = state.install_credential(rotated.model_dump_json())
-    except (AgentError, OSError) as exc:
-        # The new credential exists only here now: never lose it.
-        out.error(f"installing failed ({exc}); the credential, shown once:")
-        out.secret(rotated.model_dump_json())
-        raise AdminFailure("the credential was rotated but not installed") from None
-    out.note(
-        f"installed credential {installed.credential_id} for node {installed.node_id} in "
-        f"{state_dir}; a running agent picks it up when its old one is refused"
-    )
-    if out.json_mode:
-        # The secret stays in the state dir: only its id is printed.
-        out.json(
-            CredentialRevoked(node_id=node, revoked_credential_ids=rotated.revoked_credential_ids)
-        )
+    _patch(ctx, node, NodePatch.model_validate({"labels": current}), form(json, fmt))
 
 
 @app.command("decommission")
@@ -290,11 +265,14 @@ def decommission(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
     preview_only: Annotated[bool, typer.Option("--preview", help="show the plan only")] = False,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
-    """Show the plan (credentials and tokens revoked, jobs cancelled, deployments
-    unloaded), ask, then execute exactly that plan: its hash is sent back, so a plan that
-    changed meanwhile is refused (409 decommission_plan_changed) and nothing is done."""
-    out = output(json)
+    """Retire a node for good: show the plan, ask, then execute exactly that plan.
+
+    The plan: credentials and tokens revoked, jobs cancelled, deployments unloaded. Its
+    hash is sent back, so a plan that changed meanwhile is refused (409
+    decommission_plan_changed) and nothing is done."""
+    out = output(json, fmt)
     with admin(ctx).client() as client:
         plan = client.get(DecommissionPreview, f"{NODES}/{node}/decommission/preview")
         if preview_only or not out.json_mode:
@@ -340,9 +318,9 @@ def _show_plan(out: Output, plan: DecommissionPreview) -> None:
 
 
 ARTIFACT_COLUMNS: list[Column[NodeArtifact]] = [
-    Column("REPOSITORY", lambda a: a.repository),
-    Column("COMMIT", lambda a: a.commit[:12]),
-    Column("ROOT", lambda a: a.root),
+    Column("REPOSITORY", lambda a: a.repository, flex=True),
+    Column("COMMIT", lambda a: a.commit[:12], full=lambda a: a.commit),
+    Column("ROOT", lambda a: a.root, flex=True),
     Column("FILES", lambda a: len(a.files)),
     Column("SIZE", lambda a: size(sum(f.size for f in a.files))),
     Column("JOB", lambda a: a.job_id),
@@ -351,25 +329,32 @@ ARTIFACT_COLUMNS: list[Column[NodeArtifact]] = [
 DEVICE_COLUMNS: list[Column[RuntimeDevice]] = [
     Column("DEVICE", lambda d: d.device_id),
     Column("BACKEND", lambda d: d.backend),
-    Column("NAME", lambda d: d.name),
+    Column("NAME", lambda d: d.name, flex=True),
     Column("FREE", lambda d: size(d.memory_free_bytes)),
-    Column("LOADED", lambda d: d.loaded_model),
+    Column("LOADED", lambda d: d.loaded_model, flex=True),
     Column("QUEUE", lambda d: d.queue_depth),
 ]
 
 
 @app.command("artifacts")
-def artifacts(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+def artifacts(
+    ctx: typer.Context, node: NodeArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
     """The node's artifact inventory: what completed jobs verified, and where."""
     show_page(
-        ctx, json, ARTIFACT_COLUMNS, lambda c: c.get(NodeArtifactList, f"{NODES}/{node}/artifacts")
+        ctx,
+        form(json, fmt),
+        ARTIFACT_COLUMNS,
+        lambda c: c.get(NodeArtifactList, f"{NODES}/{node}/artifacts"),
     )
 
 
 @app.command("runtime")
-def node_runtime(ctx: typer.Context, node: NodeArg, json: JsonOption = False) -> None:
+def node_runtime(
+    ctx: typer.Context, node: NodeArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
     """What the node's runtime worker last reported: devices, loaded and served models."""
-    out = output(json)
+    out = output(json, fmt)
     view = answer(ctx, lambda c: c.get(NodeRuntimeView, f"{NODES}/{node}/runtime"))
     out.table(view, view.devices, DEVICE_COLUMNS)
     if not out.json_mode:

@@ -1,6 +1,7 @@
 """How `modelforge admin` shows what it got: a table (coloured on a terminal, plain in a
-pipe), a key/value panel for one object, or the wire model's JSON with --json, which is
-the API's own answer and so the stable form for scripts.
+pipe; cli/admin/tables.py), the same table with every column and whole values (`-o
+wide`), a key/value panel for one object, or the wire model's JSON (`-o json`, or
+--json), which is the API's own answer and so the stable form for scripts.
 
 Every command prints through Output, and Output prints only Text built by
 cli/terminal.py: a hostname, a label or a server's message is shown as the characters it
@@ -11,60 +12,66 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cli.admin.cells import ago, cell, detail_value, iso, label, short, size, styled
+from cli.admin.tables import Column, natural_width, render_table
 from cli.terminal import literal, visible
-from schemas.admin import Liveness
 
-M = TypeVar("M", bound=BaseModel)
+__all__ = [
+    "Column",
+    "Format",
+    "Output",
+    "ago",
+    "cell",
+    "fields_of",
+    "iso",
+    "join",
+    "label",
+    "short",
+    "size",
+    "styled",
+]
+
+M = TypeVar("M")
 
 # Wide enough for any row of ours, so a pipe gets each on one line.
 PIPE_WIDTH = 400
 
-# Liveness (and job and deployment states) by colour: what needs a look stands out.
-STYLES: dict[str, str] = {
-    Liveness.ONLINE.value: "green",
-    Liveness.STALE.value: "yellow",
-    Liveness.OFFLINE.value: "red",
-    Liveness.DISABLED.value: "magenta",
-    Liveness.DECOMMISSIONED.value: "dim",
-    "active": "green",
-    "ready": "green",
-    "succeeded": "green",
-    "leased": "cyan",
-    "queued": "cyan",
-    "failed": "red",
-    "expired": "dim",
-    "revoked": "dim",
-    "used": "dim",
-    "cancelled": "dim",
-    "missing": "bold red",
-}
 
+class Format(StrEnum):
+    """-o: how an answer is shown."""
 
-@dataclass(frozen=True)
-class Column(Generic[M]):
-    header: str
-    value: Callable[[M], object]
-    # Colour the cell by its value (STYLES).
-    styled: bool = False
+    TABLE = "table"
+    WIDE = "wide"
+    JSON = "json"
 
 
 class Output:
-    """Built once per command run; --json decides which of the two forms is written."""
+    """Built once per command run; -o (or --json) decides which form is written."""
 
-    def __init__(self, json_mode: bool, console: Console | None = None) -> None:
-        self.json_mode = json_mode
+    def __init__(self, form: Format | bool = Format.TABLE, console: Console | None = None) -> None:
+        # A bool is --json's answer, as every command had it.
+        if isinstance(form, bool):
+            form = Format.JSON if form else Format.TABLE
+        self.form = form
         self.console = console or _console()
         self.errors = _plain_console(stderr=True)
+
+    @property
+    def json_mode(self) -> bool:
+        return self.form is Format.JSON
+
+    @property
+    def wide(self) -> bool:
+        return self.form is Format.WIDE
 
     def json(self, model: BaseModel) -> None:
         # One line per answer: a watch then writes JSON Lines. JSON's own escapes keep
@@ -88,18 +95,28 @@ class Output:
     def rows(
         self, rows: Sequence[M], columns: Sequence[Column[M]], *, title: str | None = None
     ) -> None:
-        """The table alone, whatever --json says (a watch's first view, a patch's row)."""
-        self.console.print(render_table(rows, columns, title=title))
+        """The table alone, whatever -o says (a watch's first view, a get's part); a
+        titled one (a part of a `get`) set off by a blank line."""
+        if title is not None:
+            self.console.print()
+        console = self.console
+        if self.wide:
+            # Every value whole: the row is as long as it is, and the terminal wraps it
+            # (as `kubectl -o wide` does), rather than the table folding a cell.
+            console = self._wider(natural_width(rows, columns, wide=True))
+        console.print(render_table(rows, columns, width=console.width, wide=self.wide, title=title))
 
     def detail(self, answer: BaseModel, fields: Iterable[tuple[str, object]]) -> None:
+        """One object as labelled keys (Title Case, aligned); its JSON with -o json."""
         if self.json_mode:
             self.json(answer)
             return
         grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold")
-        grid.add_column()
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
         for name, value in fields:
-            grid.add_row(literal(name), styled(cell(value)))
+            shown = value if isinstance(value, Text) else styled(detail_value(value))
+            grid.add_row(literal(label(name) + ":"), shown)
         self.console.print(grid)
 
     def line(self, *parts: str | Text) -> None:
@@ -107,17 +124,71 @@ class Output:
         as it was built."""
         self.console.print(join(*parts))
 
+    def row_line(self, *parts: str | Text) -> None:
+        """One line that stays one line (a watch's event row): cut with an ellipsis at
+        the terminal's width, unless -o wide."""
+        if self.wide:
+            self.console.print(join(*parts), soft_wrap=True)
+        else:
+            self.console.print(join(*parts), no_wrap=True, overflow="ellipsis", crop=True)
+
     def note(self, *parts: str | Text, style: str | None = None) -> None:
-        """A line for people (on stderr under --json, so stdout stays parseable)."""
+        """A line for people (on stderr under -o json, so stdout stays parseable)."""
         (self.errors if self.json_mode else self.console).print(join(*parts, style=style))
 
     def error(self, *parts: str | Text) -> None:
-        """A line on stderr, whatever --json says."""
+        """A line on stderr, whatever -o says."""
         self.errors.print(join(*parts))
+
+    def created(
+        self,
+        answer: BaseModel,
+        row: M,
+        columns: Sequence[Column[M]],
+        secret: str,
+        note: str = "the secret (shown once):",
+    ) -> None:
+        """What was created with a secret: its row, then the note on stderr and the
+        secret alone on the last line of stdout (for `$(…)` and copying); its JSON with
+        -o json, the secret in it."""
+        if self.json_mode:
+            self.json(answer)
+            return
+        self.rows([row], columns)
+        self.error(note)
+        self.secret(secret)
 
     def secret(self, value: str) -> None:
         """A secret shown once, alone on its line with nothing around it, for copying."""
         print(visible(value), flush=True)
+
+    def _wider(self, width: int) -> Console:
+        if width <= self.console.width:
+            return self.console
+        return _plain_console(
+            file=self.console.file,
+            width=width,
+            force_terminal=self.console.is_terminal,
+            color_system=self.console.color_system,
+        )
+
+    def id(self, value: object) -> str:
+        """An id as this form shows it in a line: short, or whole in -o wide."""
+        return cell(value, wide=self.wide)
+
+
+def fields_of(model: BaseModel, prefix: str = "") -> list[tuple[str, object]]:
+    """A model's fields as a `get` shows them, in the model's order: a nested model's
+    fields each under its own key ("Artifact Commit"), never as `commit=…,path=…`."""
+    found: list[tuple[str, object]] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{prefix} {name}" if prefix else name
+        if isinstance(value, BaseModel):
+            found.extend(fields_of(value, key))
+        else:
+            found.append((key, value))
+    return found
 
 
 def join(*parts: str | Text, style: str | None = None) -> Text:
@@ -134,68 +205,9 @@ def _plain_console(**options: Any) -> Console:
 
 
 def _console() -> Console:
-    """A terminal's width on a terminal; in a pipe, rows kept whole (ids unfolded, as
-    `grep` and `awk` want them) unless COLUMNS says otherwise."""
+    """A terminal's width on a terminal; in a pipe, rows kept whole unless COLUMNS says
+    otherwise."""
     console = _plain_console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = _plain_console(width=PIPE_WIDTH)
     return console
-
-
-def render_table(
-    rows: Sequence[M], columns: Sequence[Column[M]], *, title: str | None = None
-) -> Table:
-    table = Table(
-        title=literal(title) if title is not None else None,
-        box=None,
-        header_style="bold",
-        pad_edge=False,
-    )
-    for column in columns:
-        table.add_column(column.header, overflow="fold")
-    for row in rows:
-        table.add_row(
-            *((styled if column.styled else literal)(cell(column.value(row))) for column in columns)
-        )
-    return table
-
-
-def styled(text: str) -> Text:
-    """text coloured by what it says (STYLES: a liveness, a state), else as it is."""
-    return literal(text, STYLES.get(text))
-
-
-def cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, datetime):
-        return ago(value)
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
-    if isinstance(value, list | tuple | set):
-        return ",".join(cell(v) for v in value) or "-"
-    return str(getattr(value, "value", value))
-
-
-def ago(at: datetime, now: datetime | None = None) -> str:
-    """An instant as its age, the way `nomad node status` shows it."""
-    seconds = int(((now or datetime.now(UTC)) - at).total_seconds())
-    if seconds < 0:
-        return at.isoformat(timespec="seconds")
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def size(count: int | None) -> str:
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(count)

@@ -12,15 +12,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 from typer._click.core import Context as ClickContext
 from typer.core import TyperGroup
 
 from cli.admin.answers import answer, show_page
-from cli.admin.bodies import read_body
+from cli.admin.bodies import ROLLOUT_BODY, SERVICE_BODY, read_body
+from cli.admin.cells import endpoints
 from cli.admin.client import AdminClient, AdminFailure
-from cli.admin.context import JsonOption, admin, output
-from cli.admin.output import Column, Output, render_table, size
+from cli.admin.context import FormatOption, JsonOption, admin, form, id_option, output
+from cli.admin.help import group
+from cli.admin.output import Column, Format, Output, size
 from cli.admin.watch import follow_one
+from schemas.endpoints import ENDPOINT_ORDER, Endpoints
 from schemas.protocol import SERVICES
 from schemas.services import (
     DeviceKind,
@@ -37,7 +41,7 @@ from schemas.services import (
     ServiceView,
 )
 
-app = typer.Typer(help="model services: create, list, get, scale, rollout, delete")
+app = group('Model services: "serve this model, N replicas".')
 
 
 class _RolloutGroup(TyperGroup):
@@ -49,12 +53,9 @@ class _RolloutGroup(TyperGroup):
         return super().parse_args(ctx, args)
 
 
-rollouts = typer.Typer(
+rollouts = group(
+    "Roll out a new template: `rollout SERVICE [-f body | flags]`; `rollout status`, `undo`.",
     cls=_RolloutGroup,
-    help=(
-        "roll out a new template: `rollout SERVICE [-f body | flags]`; "
-        "`rollout status SERVICE [--watch]`; `rollout undo SERVICE`"
-    ),
 )
 app.add_typer(rollouts, name="rollout")
 
@@ -62,17 +63,31 @@ ServiceArg = Annotated[str, typer.Argument(help="the service's id or its served 
 FileOption = Annotated[
     Path | None, typer.Option("--file", "-f", help="the request body (JSON; - for stdin)")
 ]
-# A receipt's message in a table: its start (`get` shows it whole).
-RECEIPT_CHARS = 60
+EndpointOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--endpoint",
+        metavar="<endpoint>",
+        help=f"what every replica serves: {', '.join(ENDPOINT_ORDER)}; repeatable",
+    ),
+]
 
 SERVICE_COLUMNS: list[Column[ServiceView]] = [
     Column("ID", lambda s: s.id),
-    Column("NAME", lambda s: s.name),
+    Column("NAME", lambda s: s.name, flex=True),
+    # What it serves: left out first where the row does not fit (a `get` has it).
+    Column(
+        "ENDPOINTS",
+        lambda s: endpoints(s.template.endpoints),
+        optional=True,
+        full=lambda s: endpoints(s.template.endpoints, wide=True),
+    ),
     Column("STATE", lambda s: s.state, styled=True),
     Column("READY", lambda s: f"{s.ready_replicas}/{s.replicas}"),
     Column("GEN", lambda s: s.generation),
     Column("ROLLOUT", lambda s: _rollout_cell(s.rollout)),
-    Column("RECEIPT", lambda s: _cut(s.last_receipt.message) if s.last_receipt else None),
+    Column("RECEIPT", lambda s: s.last_receipt.message if s.last_receipt else None, flex=True),
+    Column("CREATED", lambda s: s.created_at, wide=True),
 ]
 REPLICA_COLUMNS: list[Column[ReplicaView]] = [
     Column("REPLICA", lambda r: r.id),
@@ -80,7 +95,11 @@ REPLICA_COLUMNS: list[Column[ReplicaView]] = [
     Column("NODE", lambda r: r.node_id),
     Column("DEVICE", lambda r: r.device_id),
     Column("PHASE", lambda r: r.phase, styled=True),
-    Column("FAILURE", lambda r: f"{r.failure.code}: {r.failure.detail}" if r.failure else None),
+    Column(
+        "FAILURE",
+        lambda r: f"{r.failure.code}: {r.failure.detail}" if r.failure else None,
+        flex=True,
+    ),
     Column("SINCE", lambda r: r.phase_changed_at),
 ]
 ROLLOUT_COLUMNS: list[Column[RolloutView]] = [
@@ -88,7 +107,7 @@ ROLLOUT_COLUMNS: list[Column[RolloutView]] = [
     Column("GEN", lambda r: r.generation),
     Column("UPDATED READY", lambda r: f"{r.updated_ready}/{r.desired}"),
     Column("OUTDATED", lambda r: r.outdated),
-    Column("REASON", lambda r: r.reason),
+    Column("REASON", lambda r: r.reason, flex=True),
     Column("STARTED", lambda r: r.started_at),
 ]
 
@@ -96,25 +115,33 @@ ROLLOUT_COLUMNS: list[Column[RolloutView]] = [
 # ------------------------------------------------------------------ commands
 
 
-@app.command("create")
+@app.command("create", epilog=SERVICE_BODY)
 def create(
     ctx: typer.Context,
     file: FileOption = None,
     name: Annotated[str | None, typer.Option(help="the served model name")] = None,
-    repository: Annotated[str | None, typer.Option()] = None,
+    repository: Annotated[
+        str | None, typer.Option(help="the Hugging Face repository (owner/name)")
+    ] = None,
     revision: Annotated[str, typer.Option(help="resolved once to a commit")] = "main",
     path: Annotated[str | None, typer.Option(help="the GGUF file in the repository")] = None,
-    profile: Annotated[uuid.UUID | None, typer.Option(help="the runtime profile's id")] = None,
+    profile: Annotated[uuid.UUID | None, id_option("the runtime profile's id")] = None,
     environment: Annotated[
         uuid.UUID | None, typer.Option(help="default: the one each node reports")
     ] = None,
-    replicas: Annotated[int, typer.Option()] = 1,
+    replicas: Annotated[int, typer.Option(help="how many to keep ready")] = 1,
     role: Annotated[list[str] | None, typer.Option(help="repeatable")] = None,
     selector: Annotated[list[str] | None, typer.Option(help="label key=value; repeatable")] = None,
-    device_kind: Annotated[DeviceKind | None, typer.Option()] = None,
+    device_kind: Annotated[
+        DeviceKind | None, typer.Option(help="only devices of this kind (default: any)")
+    ] = None,
     max_per_node: Annotated[int, typer.Option(help="replicas on one node at most")] = 1,
-    max_concurrent: Annotated[int | None, typer.Option()] = None,
+    max_concurrent: Annotated[
+        int | None, typer.Option(help="invokes one replica serves at once (default 4)")
+    ] = None,
+    endpoint: EndpointOption = None,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """Declare a service: -f body.json, or at least --name, --repository, --path, --profile."""
     if file is not None:
@@ -147,22 +174,25 @@ def create(
         }
         if max_concurrent is not None:
             values["max_concurrent"] = max_concurrent
+        if endpoint:
+            values["endpoints"] = _endpoints(endpoint)
         body = ServiceCreate.model_validate(values)
     view = answer(ctx, lambda c: c.call(ServiceDetail, "POST", SERVICES, body=body))
-    _show(output(json), view)
+    _show(output(json, fmt), view)
 
 
 @app.command("list")
 def list_services(
     ctx: typer.Context,
     state: Annotated[list[ServiceState] | None, typer.Option(help="repeatable")] = None,
-    name: Annotated[str | None, typer.Option()] = None,
+    name: Annotated[str | None, typer.Option(help="only the service of this name")] = None,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """The services, newest first: ready/desired replicas, rollout, last receipt."""
     show_page(
         ctx,
-        json,
+        form(json, fmt),
         SERVICE_COLUMNS,
         lambda c: c.get(ServiceList, SERVICES, state=state, name=name),
     )
@@ -174,6 +204,7 @@ def get(
     service: ServiceArg,
     ended: Annotated[bool, typer.Option(help="ended replicas too")] = False,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """The service, its replicas and its last placement receipt in full."""
     view = answer(
@@ -182,7 +213,7 @@ def get(
             ServiceDetail, f"{SERVICES}/{_id(c, service)}", ended="true" if ended else None
         ),
     )
-    _show(output(json), view)
+    _show(output(json, fmt), view)
 
 
 @app.command("scale")
@@ -191,13 +222,14 @@ def scale(
     service: ServiceArg,
     replicas: Annotated[int, typer.Argument(help="the desired count")],
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """Set the desired replicas: more are placed, the surplus drains."""
     body = ServiceScale.model_validate({"replicas": replicas})
-    _act(ctx, json, service, "scale", body)
+    _act(ctx, form(json, fmt), service, "scale", body)
 
 
-@rollouts.command("start")
+@rollouts.command("start", epilog=ROLLOUT_BODY)
 def rollout(
     ctx: typer.Context,
     service: ServiceArg,
@@ -205,15 +237,23 @@ def rollout(
     revision: Annotated[
         str | None, typer.Option(help="a new revision of the same repository and file")
     ] = None,
-    repository: Annotated[str | None, typer.Option()] = None,
-    path: Annotated[str | None, typer.Option()] = None,
-    profile: Annotated[uuid.UUID | None, typer.Option()] = None,
-    environment: Annotated[uuid.UUID | None, typer.Option()] = None,
-    max_concurrent: Annotated[int | None, typer.Option()] = None,
+    repository: Annotated[
+        str | None, typer.Option(help="the Hugging Face repository (owner/name)")
+    ] = None,
+    path: Annotated[str | None, typer.Option(help="the GGUF file in the repository")] = None,
+    profile: Annotated[uuid.UUID | None, id_option("the runtime profile's id")] = None,
+    environment: Annotated[uuid.UUID | None, id_option("the runtime environment's id")] = None,
+    max_concurrent: Annotated[
+        int | None, typer.Option(help="invokes one replica serves at once (default 4)")
+    ] = None,
+    endpoint: EndpointOption = None,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
-    """A new template (what the flags or the body name; the rest kept), replacing the
-    replicas one at a time. `rollout status` follows it."""
+    """Roll out a new template, replacing the replicas one at a time.
+
+    The template is what the flags or the body name, the rest kept. `rollout status`
+    follows it."""
     with admin(ctx).client() as client:
         service_id = _id(client, service)
         if file is not None:
@@ -233,14 +273,16 @@ def rollout(
                 values["environment_id"] = str(environment)
             if max_concurrent is not None:
                 values["max_concurrent"] = max_concurrent
+            if endpoint:
+                values["endpoints"] = _endpoints(endpoint)
             if not values:
                 raise typer.BadParameter(
                     "give -f, or what changes: --revision, --repository, --path, --profile,"
-                    " --environment, --max-concurrent"
+                    " --environment, --max-concurrent, --endpoint"
                 )
             body = ServiceRollout.model_validate(values)
         view = client.call(ServiceDetail, "POST", f"{SERVICES}/{service_id}/rollout", body=body)
-    _show(output(json), view)
+    _show(output(json, fmt), view)
 
 
 @rollouts.command("status")
@@ -252,10 +294,12 @@ def rollout_status(
         typer.Option("--watch", "-w", help="follow until complete (exit 0) or stopped (exit 1)"),
     ] = False,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
-    """The rollout's progress: ready replicas of the current generation out of those
-    desired, and the outdated ones still live."""
-    out = output(json)
+    """The rollout's progress: updated ready replicas of those desired, outdated ones.
+
+    Updated: of the current generation; outdated: of an earlier one, still live."""
+    out = output(json, fmt)
     with admin(ctx).client() as client:
         service_id = _id(client, service)
         path = f"{SERVICES}/{service_id}/rollout"
@@ -288,19 +332,22 @@ def rollout_status(
 
 
 @rollouts.command("undo")
-def rollout_undo(ctx: typer.Context, service: ServiceArg, json: JsonOption = False) -> None:
-    """Back to the previous template, as a new generation; replicas still running it
-    stay."""
-    _act(ctx, json, service, "rollout/undo")
+def rollout_undo(
+    ctx: typer.Context, service: ServiceArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
+    """Back to the previous template, as a new generation; its replicas still live stay."""
+    _act(ctx, form(json, fmt), service, "rollout/undo")
 
 
 @app.command("delete")
-def delete(ctx: typer.Context, service: ServiceArg, json: JsonOption = False) -> None:
+def delete(
+    ctx: typer.Context, service: ServiceArg, json: JsonOption = False, fmt: FormatOption = None
+) -> None:
     """Every replica drains, then the service is deleted (its name free again)."""
     with admin(ctx).client() as client:
         service_id = _id(client, service)
         view = client.call(ServiceDetail, "DELETE", f"{SERVICES}/{service_id}")
-    _show(output(json), view)
+    _show(output(json, fmt), view)
 
 
 # ------------------------------------------------------------------ helpers
@@ -308,7 +355,7 @@ def delete(ctx: typer.Context, service: ServiceArg, json: JsonOption = False) ->
 
 def _act(
     ctx: typer.Context,
-    json: bool,
+    how: Format,
     service: str,
     action: str,
     body: ServiceScale | None = None,
@@ -316,7 +363,7 @@ def _act(
     with admin(ctx).client() as client:
         service_id = _id(client, service)
         view = client.post(ServiceDetail, f"{SERVICES}/{service_id}/{action}", body)
-    _show(output(json), view)
+    _show(output(how), view)
 
 
 def _id(client: AdminClient, service: str) -> uuid.UUID:
@@ -332,6 +379,16 @@ def _id(client: AdminClient, service: str) -> uuid.UUID:
     return found[0].id
 
 
+def _endpoints(items: list[str]) -> list[str]:
+    """--endpoint's values as the wire model takes them, or a usage error (exit 2)."""
+    try:
+        return list(TypeAdapter(Endpoints).validate_python(items))
+    except ValidationError:
+        raise typer.BadParameter(
+            f"--endpoint {' '.join(items)}: give {', '.join(ENDPOINT_ORDER)}, each at most once"
+        ) from None
+
+
 def _labels(items: list[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for item in items:
@@ -340,10 +397,6 @@ def _labels(items: list[str]) -> dict[str, str]:
             raise typer.BadParameter(f"{item!r}: give key=value")
         labels[key] = value
     return labels
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= RECEIPT_CHARS else text[: RECEIPT_CHARS - 1] + "…"
 
 
 def _rollout_cell(rollout: RolloutView) -> str:
@@ -369,6 +422,7 @@ def _template(template: ServiceTemplate) -> list[tuple[str, object]]:
         ("size", size(artifact.size_bytes)),
         ("profile", f"{template.profile_id} (v{template.profile_version})"),
         ("environment", template.environment_id or "each node's"),
+        ("endpoints", template.endpoints),
         ("max concurrent", template.max_concurrent),
         (
             "estimate",
@@ -408,7 +462,7 @@ def _show(out: Output, view: ServiceDetail) -> None:
         ],
     )
     if view.items:
-        out.console.print(render_table(view.items, REPLICA_COLUMNS, title="replicas"))
+        out.rows(view.items, REPLICA_COLUMNS, title="replicas")
     else:
         out.line("no replicas")
     receipt = view.last_receipt

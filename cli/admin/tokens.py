@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 
 from cli.admin.answers import answer, show_page, show_row
-from cli.admin.context import JsonOption, LimitOption, output
+from cli.admin.context import (
+    FormatOption,
+    JsonOption,
+    LimitOption,
+    form,
+    id_argument,
+    id_option,
+    output,
+)
+from cli.admin.help import group
 from cli.admin.output import Column
 from schemas.admin import (
     CreateEnrollmentToken,
@@ -20,19 +29,17 @@ from schemas.admin import (
 )
 from schemas.protocol import TOKENS
 
-app = typer.Typer(help="enrollment tokens: create, list, revoke")
+app = group("Enrollment tokens: one-use secrets a new node enrolls with.")
 
 TOKEN_COLUMNS: list[Column[EnrollmentTokenInfo]] = [
     Column("ID", lambda t: t.id),
     Column("STATE", lambda t: t.state, styled=True),
-    Column("NAME", lambda t: t.display_name),
-    Column("LABELS", lambda t: t.labels),
+    Column("NAME", lambda t: t.display_name, flex=True),
+    Column("LABELS", lambda t: t.labels, flex=True),
     Column("NODE", lambda t: t.node_id or t.used_by_node_id),
     Column("CREATED", lambda t: t.created_at),
-    Column(
-        "EXPIRES", lambda t: t.expires_at.isoformat(timespec="seconds") if t.expires_at else None
-    ),
-    Column("NOTE", lambda t: t.note),
+    Column("EXPIRES", lambda t: t.expires_at),
+    Column("NOTE", lambda t: t.note, flex=True),
 ]
 
 
@@ -54,14 +61,13 @@ def create(
         list[str] | None, typer.Option(help="key=value for the node; repeatable")
     ] = None,
     name: Annotated[str | None, typer.Option(help="the node's display name")] = None,
-    note: Annotated[str | None, typer.Option()] = None,
-    node: Annotated[
-        uuid.UUID | None, typer.Option(help="re-bind this existing node (recovery)")
-    ] = None,
+    note: Annotated[str | None, typer.Option(help="free text kept with the token")] = None,
+    node: Annotated[uuid.UUID | None, id_option("re-bind this existing node (recovery)")] = None,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
     """A one-use enrollment token; its secret is printed once, on its own line."""
-    out = output(json)
+    out = output(json, fmt)
     body = CreateEnrollmentToken.model_validate(
         {
             k: v
@@ -76,24 +82,27 @@ def create(
         }
     )
     created = answer(ctx, lambda c: c.post(EnrollmentTokenCreated, TOKENS, body))
-    if out.json_mode:
-        out.json(created)
-        return
-    out.table(created, [created.token], TOKEN_COLUMNS)
-    out.error("the secret (shown once; give it to the agent's enrollment):")
-    out.secret(created.secret)
+    out.created(
+        created,
+        created.token,
+        TOKEN_COLUMNS,
+        created.secret,
+        "the secret (shown once; give it to the agent's enrollment):",
+    )
 
 
 @app.command("list")
 def list_tokens(
     ctx: typer.Context,
-    state: Annotated[TokenState | None, typer.Option()] = None,
+    state: Annotated[TokenState | None, typer.Option(help="only tokens in this state")] = None,
     limit: LimitOption = 100,
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
+    """The enrollment tokens: state, labels, the node that used one."""
     show_page(
         ctx,
-        json,
+        form(json, fmt),
         TOKEN_COLUMNS,
         lambda c: c.get(EnrollmentTokenList, TOKENS, state=state, limit=limit),
     )
@@ -102,9 +111,14 @@ def list_tokens(
 @app.command("revoke")
 def revoke(
     ctx: typer.Context,
-    token: Annotated[uuid.UUID, typer.Argument(help="the token's id")],
+    token: Annotated[uuid.UUID, id_argument("the token's id")],
     json: JsonOption = False,
+    fmt: FormatOption = None,
 ) -> None:
+    """Revoke an unused token: an enrollment with it is refused."""
     show_row(
-        ctx, json, TOKEN_COLUMNS, lambda c: c.post(EnrollmentTokenInfo, f"{TOKENS}/{token}/revoke")
+        ctx,
+        form(json, fmt),
+        TOKEN_COLUMNS,
+        lambda c: c.post(EnrollmentTokenInfo, f"{TOKENS}/{token}/revoke"),
     )

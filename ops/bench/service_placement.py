@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -38,13 +37,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import heartbeats as hb  # sibling bench module: the embedded database
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -318,26 +318,6 @@ def placement_figures(
     return asyncio.run(_figures(database_url, nodes, decisions, replicas, sustain_s))
 
 
-@contextlib.contextmanager
-def _database() -> Iterator[str]:
-    from store.migrate import upgrade
-
-    given = os.environ.get("MODELFORGE_DATABASE_URL")
-    if given:
-        upgrade(given)
-        yield given
-        return
-    from stack.embedded_postgres import EmbeddedPostgres
-
-    with tempfile.TemporaryDirectory(prefix="mf-placement-") as workdir:
-        server = EmbeddedPostgres(Path(workdir) / "postgres", durable=False)
-        with server:
-            server.ensure_database("modelforge_bench")
-            url = server.url("modelforge_bench")
-            upgrade(url)
-            yield url
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -345,7 +325,10 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=100)
     parser.add_argument("--sustain-s", type=float, default=2 * MAX_AGE_S + 2)
     args = parser.parse_args()
-    with _database() as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="mf-placement-") as workdir,
+        hb.database(Path(workdir), durable=False) as (url, _),
+    ):
         figures = placement_figures(url, args.nodes, args.decisions, args.replicas, args.sustain_s)
     print(json.dumps(figures, indent=2))
     print(

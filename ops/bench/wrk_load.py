@@ -78,8 +78,10 @@ def run(
     connections: int,
     workdir: Path,
     threads: int = 2,
+    timeout_s: float | None = None,
 ) -> WrkSummary:
-    """POST (credential, body) pairs round-robin for duration_s; wrk's own summary."""
+    """POST (credential, body) pairs round-robin for duration_s; wrk's own summary.
+    `timeout_s`: wrk's per-request timeout (its own default is 2 s, counted as errors)."""
     script = workdir / "requests.lua"
     script.write_text(LUA)
     lines = workdir / f"{name}.requests"
@@ -93,6 +95,7 @@ def run(
             f"-c{connections}",
             f"-d{duration_s:g}s",
             "--latency",
+            *([f"--timeout={timeout_s:g}s"] if timeout_s is not None else []),
             "-s",
             str(script),
             base_url,
@@ -103,7 +106,7 @@ def run(
         capture_output=True,
         text=True,
         check=True,
-        timeout=duration_s + 60,
+        timeout=duration_s + 60 + (timeout_s or 0),
     )
     out = result.stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ from sqlalchemy import Float, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.deployments import DeploymentState
+from schemas.endpoints import DEFAULT_ENDPOINTS, Endpoint
 from schemas.services import ServiceState
 from store.deployments.rules import ENDED
 from store.deployments.tables import Deployment
@@ -37,15 +38,26 @@ class Route:
     # The best probe evidence of what it serves (None: never probed).
     time_to_first_token_s: float | None
     generation_tokens_per_s: float | None
+    # What it serves (chat, completions, embeddings), and whether its chat template can
+    # call tools (as its node reported at the load).
+    endpoints: tuple[str, ...] = DEFAULT_ENDPOINTS
+    tools: bool = False
 
 
 def _serving(name: str) -> Any:
     return or_(Deployment.model == name, Deployment.roles.contains(func.to_jsonb(name)))
 
 
-async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
+def _deployment_serves(endpoint: Endpoint | None) -> Any:
+    return true() if endpoint is None else Deployment.endpoints.contains(func.to_jsonb(endpoint))
+
+
+async def routes(
+    session: AsyncSession, name: str | None = None, endpoint: Endpoint | None = "chat"
+) -> list[Route]:
     """Every ready deployment on an online node, with its evidence; of one model or role
-    when `name` is given."""
+    when `name` is given; serving `endpoint` (None: whatever it serves, the whole table
+    the gateway's cache keeps)."""
     ttft = RuntimeEvidence.evidence["time_to_first_token_s"].astext.cast(Float)
     tps = RuntimeEvidence.evidence["generation_tokens_per_s"].astext.cast(Float)
     rows = await session.execute(
@@ -69,6 +81,7 @@ async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
         .where(
             Deployment.state == DeploymentState.READY.value,
             _serving(name) if name is not None else true(),
+            _deployment_serves(endpoint),
             Node.liveness == "online",
             Node.enabled.is_(True),
         )
@@ -84,6 +97,8 @@ async def routes(session: AsyncSession, name: str | None = None) -> list[Route]:
                 device_id=deployment.device_id,
                 model=deployment.model,
                 roles=tuple(deployment.roles),
+                endpoints=tuple(deployment.endpoints),
+                tools=bool((deployment.capabilities or {}).get("supports_tool_calls")),
                 queue_depth=deployment.queue_depth or 0,
                 max_concurrent=deployment.max_concurrent,
                 cooling=left > 0,
@@ -99,23 +114,27 @@ def _live_service() -> Any:
     return Service.state != ServiceState.DELETED.value
 
 
-async def served(session: AsyncSession) -> list[tuple[str, list[str]]]:
-    """(model, roles) of every deployment that has not ended and every live service (one
-    may have no replica at a given moment, while it heals or scales from zero)."""
+async def served(session: AsyncSession) -> list[tuple[str, list[str], list[str]]]:
+    """(model, roles, endpoints) of every deployment that has not ended and every live
+    service (one may have no replica at a given moment, while it heals or scales from
+    zero)."""
     rows = await session.execute(
-        select(Deployment.model, Deployment.roles)
+        select(Deployment.model, Deployment.roles, Deployment.endpoints)
         .where(Deployment.state.not_in(list(ENDED)))
-        .union_all(select(Service.name, Service.roles).where(_live_service()))
+        .union_all(select(Service.name, Service.roles, Service.endpoints).where(_live_service()))
     )
-    return [(model, list(roles)) for model, roles in rows.all()]
+    return [(model, list(roles), list(endpoints)) for model, roles, endpoints in rows.all()]
 
 
-async def anyone_serves(session: AsyncSession, name: str) -> bool:
+async def anyone_serves(session: AsyncSession, name: str, endpoint: Endpoint = "chat") -> bool:
     """Whether a deployment that has not ended, or a live service, serves this model or
-    role: a 404 otherwise. A live service without a ready replica is a 503 with
-    Retry-After instead, which clients retry (the openai client does by default)."""
+    role at this endpoint: a 404 otherwise. A live service without a ready replica is a
+    503 with Retry-After instead, which clients retry (the openai client does by
+    default)."""
     row = await session.execute(
-        select(Deployment.id).where(Deployment.state.not_in(list(ENDED)), _serving(name)).limit(1)
+        select(Deployment.id)
+        .where(Deployment.state.not_in(list(ENDED)), _serving(name), _deployment_serves(endpoint))
+        .limit(1)
     )
     if row.first() is not None:
         return True
@@ -124,6 +143,7 @@ async def anyone_serves(session: AsyncSession, name: str) -> bool:
         .where(
             _live_service(),
             or_(Service.name == name, Service.roles.contains(func.to_jsonb(name))),
+            Service.endpoints.contains(func.to_jsonb(endpoint)),
         )
         .limit(1)
     )

@@ -33,6 +33,7 @@ from schemas.deployments import (
     DeploymentCreate,
     DeploymentState,
     HealthResult,
+    LoadResult,
     LoadSpec,
     TargetSpec,
 )
@@ -77,6 +78,7 @@ async def create(session: AsyncSession, request: DeploymentCreate, *, actor: str
     run = await runtime.resolve_run(
         session, node.id, request.artifact, request.profile_id, request.environment_id
     )
+    runtime.require_serves(run.profile, run.settings, request.endpoints)
     now = await nodes.now(session)
     deployment_id = uuid.uuid4()
     spec = LoadSpec(
@@ -84,12 +86,15 @@ async def create(session: AsyncSession, request: DeploymentCreate, *, actor: str
         model=request.model,
         device_id=request.device_id,
         max_concurrent=request.max_concurrent,
+        endpoints=request.endpoints,
         **run.lease_fields(),
     )
     deployment = Deployment(
         id=deployment_id,
         model=request.model,
         roles=list(request.roles),
+        endpoints=list(request.endpoints),
+        capabilities=None,
         node_id=node.id,
         device_id=request.device_id,
         artifact=request.artifact.model_dump(mode="json"),
@@ -337,6 +342,10 @@ async def on_settled(
         ):
             deployment.failure_code = deployment.failure_detail = None
             deployment.health_due_at = now + timedelta(seconds=policy.health_period_s)
+            loaded = results.read(job, LoadResult)
+            if loaded is not None:
+                caps = loaded.capabilities
+                deployment.capabilities = caps.model_dump(mode="json") if caps else None
             transition(
                 session, deployment, DeploymentState.READY, now, reason="loaded", actor=actor
             )

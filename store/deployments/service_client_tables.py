@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Integer, LargeBinary, String
+from sqlalchemy import BigInteger, Integer, LargeBinary, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -24,6 +24,8 @@ class ServiceClient(Base):
     roles: Mapped[list[str]] = mapped_column(JSONB)
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
     rate_per_minute: Mapped[int | None] = mapped_column(Integer)
+    # Prompt and completion tokens a UTC day (migration 0019; store/rollup/usage.py).
+    max_tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
     rotated_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]

@@ -57,6 +57,7 @@ async def create(session: AsyncSession, body: ServiceClientCreate, *, actor: str
         roles=list(body.roles),
         max_concurrent=body.max_concurrent,
         rate_per_minute=body.rate_per_minute,
+        max_tokens_per_day=body.max_tokens_per_day,
         created_at=await nodes.now(session),
         rotated_at=None,
         revoked_at=None,

@@ -1,4 +1,4 @@
-"""The deployments table (migration 0010) and the runtime channels a deployment's
+"""The deployments table (migrations 0010, 0020) and the runtime channels a deployment's
 availability is read from (migration 0016); service clients have their own module
 (store/deployments/service_client_tables.py)."""
 
@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String
+from sqlalchemy import Float, ForeignKey, Integer, String, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -23,6 +23,13 @@ class Deployment(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     model: Mapped[str] = mapped_column(String(128))
     roles: Mapped[list[str]] = mapped_column(JSONB)
+    # What it serves (migration 0020): chat, completions, embeddings.
+    endpoints: Mapped[list[str]] = mapped_column(
+        JSONB, server_default=text('\'["chat", "completions"]\'::jsonb')
+    )
+    # What its chat template can do, as its node reported at its last load
+    # (schemas/endpoints.py: ChatTemplateCaps); None until then.
+    capabilities: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"))
     device_id: Mapped[str] = mapped_column(String(16))
     artifact: Mapped[dict[str, Any]] = mapped_column(JSONB)

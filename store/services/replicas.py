@@ -407,6 +407,7 @@ async def load(
             model=service.name,
             roles=list(service.roles),
             max_concurrent=template.max_concurrent,
+            endpoints=list(template.endpoints),
             max_attempts=LOAD_ATTEMPTS,
         )
         async with session.begin_nested():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Collection
 from typing import Any, Final
 
 from sqlalchemy import func, literal, select, update
@@ -67,23 +68,33 @@ from store.services.tables import Service, ServiceReplica
 _NAME_LOCK: Final = 0x6D667376
 LIVE: Final = frozenset(phase.value for phase in LIVE_PHASES)
 # The template's fields a rollout compares: what a replica runs.
-_RUNS: Final = ("artifact", "profile_id", "profile_version", "environment_id", "max_concurrent")
+_RUNS: Final = (
+    "artifact",
+    "profile_id",
+    "profile_version",
+    "environment_id",
+    "max_concurrent",
+    "endpoints",
+)
 
 
 # ------------------------------------------------------------------ what a change refers to
 
 
 async def admitted_profile(
-    session: AsyncSession, profile_id: uuid.UUID
+    session: AsyncSession, profile_id: uuid.UUID, endpoints: Collection[str]
 ) -> tuple[RuntimeProfile, LlamaSettings]:
-    """The profile and its settings under today's allow-list: 404 profile_unknown (the
-    request names it by id, as a path names an object: the OpenAPI contract's fuzzing
-    takes a schema-valid id for valid, so a missing one is not the body's fault), or 422
-    server_flag_refused naming the flags (as a probe or a deployment is refused)."""
+    """The profile and its settings under today's allow-list, for a load serving
+    `endpoints`: 404 profile_unknown (the request names it by id, as a path names an
+    object: the OpenAPI contract's fuzzing takes a schema-valid id for valid, so a
+    missing one is not the body's fault), or 422 server_flag_refused naming the flags
+    (as a probe or a deployment is refused)."""
     profile = await session.get(RuntimeProfile, profile_id)
     if profile is None:
         raise Missing("no such runtime profile", code=ErrorCode.PROFILE_UNKNOWN)
-    return profile, runtime.admitted(profile)
+    settings = runtime.admitted(profile)
+    runtime.require_serves(profile, settings, endpoints)
+    return profile, settings
 
 
 async def check_environment(session: AsyncSession, environment_id: uuid.UUID | None) -> None:
@@ -123,7 +134,7 @@ async def create(
     reconciler places them). One live service per name: creations of a name are
     serialised on an advisory lock on it, and the partial unique index
     (ux_services_live_name) refuses whatever would still slip past."""
-    profile, _ = await admitted_profile(session, request.profile_id)
+    profile, _ = await admitted_profile(session, request.profile_id, request.endpoints)
     await check_environment(session, request.environment_id)
     await session.execute(
         select(func.pg_advisory_xact_lock(_NAME_LOCK, func.hashtext(literal(request.name))))
@@ -137,6 +148,7 @@ async def create(
         environment_id=request.environment_id,
         max_concurrent=request.max_concurrent,
         estimate=estimate,
+        endpoints=request.endpoints,
     )
     service = Service(
         id=uuid.uuid4(),
@@ -144,6 +156,7 @@ async def create(
         roles=list(request.roles),
         state=ServiceState.ACTIVE.value,
         template=template.model_dump(mode="json"),
+        endpoints=list(template.endpoints),
         previous_template=None,
         previous_generation=None,
         generation=1,
@@ -434,6 +447,7 @@ async def _next_generation(
         service.previous_template = service.template
         service.previous_generation = service.generation
     service.template = template.model_dump(mode="json")
+    service.endpoints = list(template.endpoints)
     service.generation += 1
     service.rollout_state = RolloutState.PROGRESSING.value
     service.rollout_reason = reason

@@ -28,6 +28,10 @@ class Service(Base):
     # schemas/services.py: ServiceTemplate, the current one and the one before (undo).
     template: Mapped[dict[str, Any]] = mapped_column(JSONB)
     previous_template: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # The current template's endpoints (migration 0020), for the gateway's reads.
+    endpoints: Mapped[list[str]] = mapped_column(
+        JSONB, server_default=text('\'["chat", "completions"]\'::jsonb')
+    )
     # The generation the previous template ran as: an undo gives its live replicas the
     # new generation number instead of replacing replicas that already run it.
     previous_generation: Mapped[int | None] = mapped_column(Integer)

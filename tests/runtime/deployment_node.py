@@ -1,7 +1,7 @@
 """What the node-side deployment and invoke tests share: a stand-in for the control
 plane's INVOKE_STREAM route (it only records what the runtime worker streamed back:
-the end-to-end tests run against the real API), a recorder of a job's reports, and the
-leases and specs a claim would carry."""
+the end-to-end tests run against the real API), a started runtime worker, a recorder of
+a job's reports, and the leases and specs a claim would carry."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from starlette.routing import Route
 
 from agent.client import ProtocolClient, make_http_client
 from agent.runtime.admission import sha256_of
+from agent.runtime.config import ModelSpec, RuntimeConfig
+from agent.runtime.worker import RuntimeWorker
 from schemas.deployments import LoadClaim, LoadSpec, TargetClaim, TargetSpec
 from schemas.gateway import Invoke, InvokeParams
 from schemas.jobs import FailAnswer, JobKind, JobState, Lease, LeaseFence, ProgressAnswer
@@ -104,6 +106,28 @@ async def stand_in() -> AsyncIterator[tuple[StandIn, ProtocolClient]]:
         recorder.hold.set()
         server.should_exit = True
         await asyncio.wait_for(serving, 15)
+
+
+@contextlib.asynccontextmanager
+async def started_worker(
+    run_dir: Path, binary: Path, model: Path, models: list[ModelSpec] | None = None
+) -> AsyncIterator[RuntimeWorker]:
+    """A runtime worker on `binary` that may load what lies beside `model`, closed after:
+    probes every 50 ms and a 1 s unload settle keep the tests short."""
+    config = RuntimeConfig(
+        llama_server_path=binary,
+        run_dir=run_dir,
+        artifact_roots=[model.parent],
+        llama_server_probe_interval_s=0.05,
+        unload_settle_timeout_s=1,
+        models=models or [],
+    )
+    running = RuntimeWorker(config)
+    running.start()
+    try:
+        yield running
+    finally:
+        await running.close()
 
 
 async def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -22,7 +22,6 @@ import pytest
 
 from agent.client import ProtocolClient
 from agent.runtime.api import STREAM_FAILED
-from agent.runtime.config import RuntimeConfig
 from agent.runtime.deployments import DeploymentJob
 from agent.runtime.invoke import Invokes, run_invoke
 from agent.runtime.server import LlamaServer
@@ -36,6 +35,7 @@ from tests.runtime.deployment_node import (
     invoke,
     load_claim,
     stand_in,
+    started_worker,
     target_claim,
     until,
 )
@@ -48,19 +48,8 @@ DONE = b"data: [DONE]"
 async def worker(
     tmp_path: Path, llama_server: Path, instruct_model: Path
 ) -> AsyncIterator[RuntimeWorker]:
-    config = RuntimeConfig(
-        llama_server_path=llama_server,
-        run_dir=tmp_path / "run",
-        artifact_roots=[instruct_model.parent],
-        llama_server_probe_interval_s=0.05,
-        unload_settle_timeout_s=1,
-    )
-    running = RuntimeWorker(config)
-    running.start()
-    try:
+    async with started_worker(tmp_path / "run", llama_server, instruct_model) as running:
         yield running
-    finally:
-        await running.close()
 
 
 @pytest.fixture

@@ -27,7 +27,14 @@ from agent.runtime.worker import RuntimeWorker
 from schemas.deployments import HealthComplete, LoadComplete
 from schemas.jobs import JobKind
 from schemas.runtime import ProbeClaim, ProbeSpec, RuntimeFailure, ServerHealth
-from tests.runtime.deployment_node import Reports, digest, lease, load_claim, target_claim
+from tests.runtime.deployment_node import (
+    Reports,
+    digest,
+    lease,
+    load_claim,
+    started_worker,
+    target_claim,
+)
 from tests.runtime.harness import chat
 
 HEALTHY = ServerHealth(process_up=True, health_ok=True, model_listed=True, inference_ok=True)
@@ -37,20 +44,9 @@ HEALTHY = ServerHealth(process_up=True, health_ok=True, model_listed=True, infer
 async def worker(
     tmp_path: Path, llama_server: Path, instruct_model: Path
 ) -> AsyncIterator[RuntimeWorker]:
-    config = RuntimeConfig(
-        llama_server_path=llama_server,
-        run_dir=tmp_path / "run",
-        artifact_roots=[instruct_model.parent],
-        llama_server_probe_interval_s=0.05,
-        unload_settle_timeout_s=1,
-        models=[ModelSpec(model_id="smol", path=instruct_model, threads=1, ctx_size=256)],
-    )
-    running = RuntimeWorker(config)
-    running.start()
-    try:
+    models = [ModelSpec(model_id="smol", path=instruct_model, threads=1, ctx_size=256)]
+    async with started_worker(tmp_path / "run", llama_server, instruct_model, models) as running:
         yield running
-    finally:
-        await running.close()
 
 
 async def test_a_loaded_deployment_pins_its_device(

@@ -13,10 +13,8 @@
 (() => {
   const PAGE = 50;
   const COALESCE_MS = 250;
-  const DETAIL_POLL_MS = 5000;
   const JOB_POLL_MS = 5000;
-  const SPARK_POINTS = 60;
-  const AUDIT_ROWS = 200;
+  const TICK_MS = 1000;
   const ENDED_SHOWN = 10;
 
   let paths = null;
@@ -42,6 +40,47 @@
   const short = (id) => (id ? String(id).slice(0, 8) : "");
   const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
   const badge = (text) => el("span", { class: `badge ${text}` }, text);
+  // What a deployment or a service serves (schemas/endpoints.py), and whether its loaded
+  // chat template calls tools, as its node reported (unknown before a load).
+  const endpoints = (list) => el("span", { "data-role": "endpoints" }, (list || []).join(", ") || "—");
+  const toolCalls = (caps) => el("span", { "data-role": "tool-calls" },
+    !caps ? "unknown" : !caps.supports_tool_calls ? "no" : caps.supports_parallel_tool_calls ? "yes, in parallel" : "yes");
+
+  // Relative times ("4 s ago"), the absolute one on hover: a <time> whose text one timer
+  // (tick) rewrites in place, never the row or the table around it.
+  function relative(iso, now) {
+    const seconds = Math.round((now - new Date(iso).getTime()) / 1000);
+    const span = Math.abs(seconds);
+    let text;
+    if (span < 60) text = `${span} s`;
+    else if (span < 3600) text = `${Math.floor(span / 60)} min`;
+    else if (span < 86400) text = `${Math.floor(span / 3600)} h`;
+    else text = `${Math.floor(span / 86400)} d`;
+    return seconds < 0 ? `in ${text}` : `${text} ago`;
+  }
+  function setAgo(node, iso) {
+    if (!iso) {
+      node.removeAttribute("datetime");
+      node.removeAttribute("title");
+      if (node.textContent !== "—") node.textContent = "—";
+      return node;
+    }
+    if (node.getAttribute("datetime") !== iso) {
+      node.setAttribute("datetime", iso);
+      node.setAttribute("title", when(iso));
+    }
+    const text = relative(iso, Date.now());
+    if (node.textContent !== text) node.textContent = text;
+    return node;
+  }
+  const ago = (iso) => setAgo(el("time", { class: "ago" }), iso);
+  function tick() {
+    const now = Date.now();
+    for (const node of document.querySelectorAll(".view:not([hidden]) time.ago[datetime]")) {
+      const text = relative(node.getAttribute("datetime"), now);
+      if (node.textContent !== text) node.textContent = text;
+    }
+  }
 
   function cookie(name) {
     for (const part of document.cookie.split(";")) {
@@ -103,8 +142,9 @@
   }
 
   // -- a paged table, shared by the views -------------------------------------------------
-  // load(offset) -> items; rowOf(item) -> <tr>; keyOf(item) -> id.
-  function pagedTable({ section, table, load, rowOf, keyOf }) {
+  // load(offset) -> items; rowOf(item) -> <tr>; keyOf(item) -> id; patch(row, item) ->
+  // changed, where given, updates a row in place instead of replacing it.
+  function pagedTable({ section, table, load, rowOf, keyOf, patch }) {
     const body = document.querySelector(`#${table} tbody`);
     const range = section.querySelector('[data-role="range"]');
     const prev = section.querySelector('[data-page="prev"]');
@@ -129,6 +169,10 @@
       const key = String(keyOf(item));
       const old = page.rows.get(key);
       if (!old) return;
+      if (patch) {
+        if (patch(old, item)) flash(old);
+        return;
+      }
       const row = rowOf(item);
       old.replaceWith(row);
       page.rows.set(key, row);
@@ -159,148 +203,7 @@
     }
     if (prev) prev.addEventListener("click", () => { page.offset = Math.max(0, page.offset - PAGE); reload(); });
     if (next) next.addEventListener("click", () => { page.offset += PAGE; reload(); });
-    return { page, reload, replace, prepend, remove, visible: (key) => page.rows.has(String(key)) };
-  }
-
-  // -- nodes ------------------------------------------------------------------------------
-  function nodesView() {
-    const section = document.getElementById("view-nodes");
-    const form = document.getElementById("node-filter");
-    const offscreen = section.querySelector('[data-role="offscreen"]');
-    const detailBox = document.getElementById("node-detail");
-    let unseen = 0;
-    let detail = null; // { id, timer, series }
-
-    const table = pagedTable({
-      section,
-      table: "nodes",
-      keyOf: (node) => node.id,
-      // One more than a page tells whether there is a next one, without a count query.
-      load: async (offset) => {
-        const filter = new FormData(form);
-        const body = await getJson(paths.nodes, {
-          limit: PAGE + 1, offset, liveness: filter.get("liveness"), label: filter.get("label").trim(),
-        });
-        return body.items;
-      },
-      rowOf: (node) => {
-        const row = el("tr", { "data-node-id": node.id },
-          el("td", {}, node.display_name || node.hostname),
-          el("td", { class: "mono" }, short(node.id)),
-          el("td", { "data-role": "liveness" }, badge(node.liveness)),
-          el("td", {}, node.enabled ? "yes" : "no"),
-          el("td", { class: "mono" }, Object.entries(node.labels).map(([k, v]) => `${k}=${v}`).join(" ")),
-          el("td", {}, node.agent_version),
-          el("td", {}, when(node.last_heartbeat_at)));
-        row.addEventListener("click", () => openDetail(node.id));
-        return row;
-      },
-    });
-
-    function countUnseen() {
-      unseen += 1;
-      offscreen.hidden = false;
-      offscreen.textContent = `${unseen} change${unseen === 1 ? "" : "s"} elsewhere in the fleet · refresh`;
-    }
-    offscreen.addEventListener("click", () => { unseen = 0; offscreen.hidden = true; table.reload(); });
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      table.page.offset = 0;
-      table.reload().catch((error) => showError(String(error.message)));
-    });
-
-    // The detail panel: GPUs, and sparklines of the telemetry sampled while it is open
-    // (the API keeps the last good telemetry only; the history is this panel's).
-    function spark(values, max) {
-      // Right-aligned: the newest sample at the right edge, older ones to its left.
-      const width = 120, height = 24, step = width / (SPARK_POINTS - 1);
-      const points = values.map((value, i) => {
-        const x = width - (values.length - 1 - i) * step;
-        const y = height - (Math.min(value, max) / (max || 1)) * (height - 2) - 1;
-        return `${x.toFixed(1)},${y.toFixed(1)}`;
-      });
-      const ns = "http://www.w3.org/2000/svg";
-      const svg = document.createElementNS(ns, "svg");
-      svg.setAttribute("class", "spark");
-      svg.setAttribute("width", width);
-      svg.setAttribute("height", height);
-      svg.setAttribute("data-samples", values.length);
-      const line = document.createElementNS(ns, "polyline");
-      line.setAttribute("points", points.join(" "));
-      svg.append(line);
-      if (values.length) {
-        const [x, y] = points[points.length - 1].split(",");
-        const dot = document.createElementNS(ns, "circle");
-        dot.setAttribute("cx", x);
-        dot.setAttribute("cy", y);
-        dot.setAttribute("r", "2");
-        svg.append(dot);
-      }
-      return svg;
-    }
-    function sample(series, key, value) {
-      if (value === null || value === undefined) return;
-      const list = series.get(key) || [];
-      list.push(value);
-      if (list.length > SPARK_POINTS) list.shift();
-      series.set(key, list);
-    }
-    async function drawDetail() {
-      if (!detail) return;
-      const node = await getJson(`${paths.nodes}/${detail.id}`);
-      if (!detail || detail.id !== node.id) return;
-      const telemetry = node.telemetry;
-      const byUuid = new Map((telemetry?.gpus || []).map((gpu) => [gpu.uuid, gpu]));
-      if (telemetry) sample(detail.series, "ram", (100 * telemetry.ram_used_bytes) / (telemetry.ram_total_bytes || 1));
-      for (const gpu of node.gpus) sample(detail.series, gpu.uuid, byUuid.get(gpu.uuid)?.utilization_percent);
-      const ram = detail.series.get("ram") || [];
-      detailBox.replaceChildren(
-        el("h2", {}, `${node.display_name || node.hostname} `, badge(node.liveness)),
-        el("p", { class: "mono" }, node.id),
-        el("p", {}, "RAM used ", spark(ram, 100), ram.length ? ` ${ram[ram.length - 1].toFixed(0)}%` : " —"),
-        el("table", { class: "grid", id: "gpus" },
-          el("thead", {}, el("tr", {}, ["GPU", "Name", "Memory", "Utilization", "Temperature", "State"].map((h) => el("th", {}, h)))),
-          el("tbody", {}, node.gpus.map((gpu) => {
-            const now = byUuid.get(gpu.uuid) || {};
-            const util = detail.series.get(gpu.uuid) || [];
-            return el("tr", { "data-gpu": gpu.uuid },
-              el("td", {}, `#${gpu.index}`),
-              el("td", {}, gpu.name),
-              el("td", {}, `${((now.memory_used_bytes || 0) / 2 ** 30).toFixed(1)} / ${(gpu.memory_total_bytes / 2 ** 30).toFixed(1)} GiB`),
-              el("td", {}, spark(util, 100), now.utilization_percent === undefined ? " —" : ` ${now.utilization_percent}%`),
-              el("td", {}, now.temperature_c === undefined || now.temperature_c === null ? "—" : `${now.temperature_c} °C`),
-              el("td", {}, gpu.missing ? badge("missing") : "present"));
-          }))),
-        ...(node.gpus.length ? [] : [el("p", { class: "muted" }, "No GPUs reported.")]));
-      detailBox.hidden = false;
-    }
-    function openDetail(id) {
-      closeDetail();
-      detail = { id, series: new Map(), timer: setInterval(() => drawDetail().catch(() => {}), DETAIL_POLL_MS) };
-      drawDetail().catch((error) => showError(String(error.message)));
-    }
-    function closeDetail() {
-      if (detail) clearInterval(detail.timer);
-      detail = null;
-      detailBox.hidden = true;
-    }
-
-    return {
-      section,
-      show: () => table.reload(),
-      hide: closeDetail,
-      refresh: () => table.reload(),
-      onEvent(event) {
-        const id = event.nodeid;
-        if (!id || !String(event.action).startsWith("node.")) return;
-        if (table.visible(id)) {
-          coalesce(`node:${id}`, async () => table.replace(await getJson(`${paths.nodes}/${id}`)));
-        } else {
-          countUnseen();
-        }
-        if (detail && detail.id === id) coalesce(`detail:${id}`, drawDetail);
-      },
-    };
+    return { page, load, reload, replace, prepend, remove, visible: (key) => page.rows.has(String(key)) };
   }
 
   // -- jobs -------------------------------------------------------------------------------
@@ -339,7 +242,7 @@
           el("td", {}, badge(job.state)),
           el("td", {}, `${job.attempt}/${job.max_attempts}`),
           el("td", {}, progressOf(job)),
-          el("td", {}, when(job.updated_at)));
+          el("td", {}, ago(job.updated_at)));
         // The bar's width through the CSSOM: an inline style attribute is refused by the CSP.
         for (const bar of row.querySelectorAll("[data-width]")) bar.style.width = `${bar.dataset.width}%`;
         return row;
@@ -367,7 +270,8 @@
       hide: () => clearInterval(poll),
       refresh: () => table.reload(),
       onEvent(event) {
-        if (!String(event.action).startsWith("job.")) return;
+        // A hidden tab reads its page again when shown: nothing to do for it meanwhile.
+        if (section.hidden || !String(event.action).startsWith("job.")) return;
         const id = event.data?.job_id || event.targetid;
         if (table.visible(id)) refreshJob(id);
         else if (event.action === "job.created" && table.page.offset === 0) coalesce("jobs:page", table.reload);
@@ -378,20 +282,31 @@
   // -- deployments ------------------------------------------------------------------------
   function deploymentsView() {
     const section = document.getElementById("view-deployments");
+    const form = document.getElementById("deployment-filter");
     const table = pagedTable({
       section,
       table: "deployments",
       keyOf: (d) => d.id,
-      load: async (offset) => (await getJson(paths.deployments, { limit: PAGE + 1, offset })).items,
+      load: async (offset) => {
+        const state = new FormData(form).get("state");
+        return (await getJson(paths.deployments, { limit: PAGE + 1, offset, state })).items;
+      },
       rowOf: (d) => el("tr", { "data-deployment-id": d.id },
         el("td", { class: "mono" }, short(d.id)),
         el("td", {}, d.model, d.roles.length ? ` (${d.roles.join(", ")})` : ""),
+        el("td", {}, endpoints(d.endpoints)),
+        el("td", {}, toolCalls(d.capabilities)),
         el("td", { class: "mono" }, `${short(d.node_id)} / ${d.device_id}`),
         el("td", {}, badge(d.state), d.failure ? ` ${d.failure.code}` : ""),
         el("td", {}, d.queue_depth === null ? "—" : d.queue_depth),
         el("td", {}, d.max_concurrent),
         el("td", {}, d.cooldown_until ? `until ${when(d.cooldown_until)} ${d.cooldown_reason || ""}` : "—"),
-        el("td", {}, when(d.state_changed_at))),
+        el("td", {}, ago(d.state_changed_at))),
+    });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      table.page.offset = 0;
+      table.reload().catch((error) => showError(String(error.message)));
     });
     return {
       section,
@@ -399,7 +314,7 @@
       hide: () => {},
       refresh: () => table.reload(),
       onEvent(event) {
-        if (!String(event.action).startsWith("deployment.")) return;
+        if (section.hidden || !String(event.action).startsWith("deployment.")) return;
         const id = event.data?.deployment_id || event.targetid;
         if (table.visible(id)) coalesce(`deployment:${id}`, async () => table.replace(await getJson(`${paths.deployments}/${id}`)));
         else if (event.action === "deployment.created" && table.page.offset === 0) coalesce("deployments:page", table.reload);
@@ -459,6 +374,7 @@
         const receipt = service.last_receipt;
         const row = el("tr", { "data-service-id": service.id },
           el("td", { "data-role": "name" }, service.name),
+          el("td", {}, endpoints(service.template.endpoints)),
           el("td", {}, badge(service.state)),
           el("td", { "data-role": "replicas" }, `${service.ready_replicas}/${service.replicas}`),
           el("td", {}, service.generation),
@@ -487,7 +403,7 @@
     function receiptBlock(receipt) {
       if (!receipt) return [el("p", { class: "muted", "data-role": "last-receipt" }, "No placement decided yet.")];
       return [el("div", { "data-role": "last-receipt" },
-        el("p", {}, badge(receipt.outcome), ` ${when(receipt.decided_at)}`,
+        el("p", {}, badge(receipt.outcome), " ", ago(receipt.decided_at),
           receipt.node_id ? ` → ${short(receipt.node_id)} / ${receipt.device_id || ""}` : ""),
         el("p", { "data-role": "receipt-counts" }, receiptCounts(receipt)),
         el("p", { class: "mono", "data-role": "receipt-message" }, receipt.message))];
@@ -525,6 +441,7 @@
       detailBox.replaceChildren(
         el("h2", {}, `${service.name} `, badge(service.state)),
         el("p", { class: "mono" }, service.id),
+        el("p", {}, "Serves ", endpoints(service.template.endpoints)),
         el("p", {}, `${service.ready_replicas} of ${service.replicas} replicas ready · generation ${service.generation}`,
           service.autoscale ? ` · autoscale ${service.autoscale.min_replicas}–${service.autoscale.max_replicas}` : ""),
         el("h3", {}, "Rollout"),
@@ -596,7 +513,7 @@
         if (detail) await refresh(detail.id);
       },
       onEvent(event) {
-        if (!String(event.action).startsWith("service.")) return;
+        if (section.hidden || !String(event.action).startsWith("service.")) return;
         const id = event.data?.service_id || event.targetid;
         // A new service's row goes on top of the first page, the rows on screen are not
         // drawn again; its later events (one may come while its first GET is in flight)
@@ -618,39 +535,15 @@
       body.replaceChildren(...(items.length ? items.map((i) => el("tr", { "data-incident-id": i.id },
         el("td", { class: "mono" }, short(i.id)),
         el("td", {}, i.kind),
-        el("td", {}, when(i.opened_at)),
+        el("td", {}, ago(i.opened_at)),
         el("td", {}, i.watched_nodes),
         el("td", {}, i.silent_nodes),
         el("td", {}, i.acknowledged_at ? `${when(i.acknowledged_at)}: ${i.acknowledged_reason || ""}` : "—"),
-        el("td", {}, when(i.resolved_at)))) : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No incidents."))]));
+        el("td", {}, ago(i.resolved_at)))) : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No incidents."))]));
     }
     return {
       section, show: reload, hide: () => {}, refresh: reload,
-      onEvent(event) { if (String(event.action).startsWith("fleet.")) coalesce("incidents", reload); },
-    };
-  }
-
-  // -- audit ------------------------------------------------------------------------------
-  // The audit log is written by a worker from the same events: the page starts from the
-  // log and then shows each event as it arrives, the newest first, AUDIT_ROWS at most.
-  function auditView() {
-    const section = document.getElementById("view-audit");
-    const body = document.querySelector("#audit tbody");
-    const row = (at, actor, action, target, correlation) => el("tr", {},
-      el("td", {}, when(at)), el("td", { class: "mono" }, actor), el("td", {}, action),
-      el("td", { class: "mono" }, target), el("td", { class: "mono" }, short(correlation)));
-    async function reload() {
-      const items = (await getJson(paths.audit, { limit: 50 })).items;
-      body.replaceChildren(...items.map((r) => row(r.at, r.actor, r.action, `${r.target_type} ${short(r.target_id)}`, r.correlation_id)));
-    }
-    return {
-      section, show: reload, hide: () => {}, refresh: reload,
-      onEvent(event) {
-        const added = row(event.time, event.actor, event.action, `${event.targettype} ${short(event.targetid)}`, event.correlationid);
-        body.prepend(added);
-        flash(added);
-        while (body.rows.length > AUDIT_ROWS) body.lastElementChild.remove();
-      },
+      onEvent(event) { if (!section.hidden && String(event.action).startsWith("fleet.")) coalesce("incidents", reload); },
     };
   }
 
@@ -690,12 +583,14 @@
   }
 
   // -- navigation -------------------------------------------------------------------------
+  const landing = () => (views.overview ? "overview" : "nodes");
   function show(name) {
-    const view = views[name] || views.nodes;
+    if (!views[name]) name = landing();
+    const view = views[name];
     if (current && current !== view) current.hide();
     for (const v of Object.values(views)) v.section.hidden = v !== view;
     for (const link of document.querySelectorAll("#tabs a")) {
-      link.classList.toggle("active", link.dataset.view === (views[name] ? name : "nodes"));
+      link.classList.toggle("active", link.dataset.view === name);
     }
     current = view;
     showError("");
@@ -710,18 +605,26 @@
     location.assign(paths.login);
   }
 
+  // What a view in its own file (overview.js, loaded before this one) is given: the
+  // helpers, and the paths once they are read. Such a file registers a factory in
+  // window.ModelForgeViews[name]; its tab and section are in index.html.
+  const kit = {
+    el, short, when, ago, setAgo, badge, endpoints, toolCalls, getJson, coalesce, flash, showError, pagedTable, PAGE,
+    get paths() { return paths; },
+  };
+
   async function start() {
     paths = await getJson("/ui/paths.json");
-    views.nodes = nodesView();
+    for (const [name, make] of Object.entries(window.ModelForgeViews || {})) views[name] = make(kit);
     views.jobs = jobsView();
     views.deployments = deploymentsView();
     views.services = servicesView();
     views.incidents = incidentsView();
-    views.audit = auditView();
     document.getElementById("logout").addEventListener("click", logout);
     window.addEventListener("hashchange", () => show(location.hash.slice(1)));
     connect();
-    show(location.hash.slice(1) || "nodes");
+    setInterval(tick, TICK_MS);
+    show(location.hash.slice(1) || landing());
   }
 
   document.addEventListener("DOMContentLoaded", () => { start().catch((error) => showError(String(error.message || error))); });
