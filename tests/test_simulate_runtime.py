@@ -90,6 +90,10 @@ def sim_nodes(client: httpx.Client, api: RunningApi, run_id: str) -> list[dict[s
     return items
 
 
+def online(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [node for node in nodes if node["liveness"] == "online"]
+
+
 def node_runtime(client: httpx.Client, api: RunningApi, node_id: str) -> dict[str, Any]:
     view: dict[str, Any] = ok(client.get(f"{NODES}/{node_id}/runtime", headers=api.admin_headers))
     return view
@@ -171,10 +175,15 @@ def test_simulated_runtime_serves_a_deployment_streams_tokens_and_drains(
     with simulated(api, nodes=3) as sim, api.client() as client:
         # Three nodes online, each with its simulated runtime reported: two devices of
         # 24 GiB, nothing loaded, and the simulated binary as its environment.
+        # Online means heard: a node's first heartbeat may come a whole interval after
+        # it enrolled, and the gateway routes only to online nodes (until then a ready
+        # deployment on it answers 503 no_ready_deployment).
         nodes = wait_until(
-            lambda: found if len(found := sim_nodes(client, api, sim.run_id)) == 3 else None,
+            lambda: (
+                found if len(found := online(sim_nodes(client, api, sim.run_id))) == 3 else None
+            ),
             60,
-            "three simulated nodes",
+            "three simulated nodes online",
         )
         node_id = sorted(n["id"] for n in nodes)[0]
         runtime = wait_until(
