@@ -11,8 +11,8 @@ answer stream (api/gateway/relay.py). Per request:
   passes the time-to-first-token bound, is left for the next one (up to
   `gateway_attempts`); one that failed or timed out cools down for
   `gateway_cooldown_s` (written off the hot path, shown in the admin API). After the
-  first byte, a failure ends the stream with a terminal SSE error event (a plain answer
-  has no first byte until it is whole).
+  first byte the stream is the client's (api/gateway/stream.py), and a failure ends it
+  with a terminal SSE error event (a plain answer has no first byte until it is whole).
 * The time to first token and the gap between tokens are separate bounds.
 * 404 only for a model or role nothing serves at that endpoint; 503 with Retry-After
   when none is ready; 429 with Retry-After past the client's bounds or when every
@@ -42,14 +42,12 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.types import Receive, Scope, Send
 
 from api.errors import (
     BadGateway,
@@ -59,9 +57,10 @@ from api.errors import (
 )
 from api.gateway.relay import Ended, Frame, Opened, Pending
 from api.gateway.routing import Choice, order
+from api.gateway.stream import RelayedStream, StreamEnding, relay_stream
 from api.gateway.tally import StreamTally, bounded, plain_usage
-from api.gateway.usage import CLIENT_LEFT, OK, InvokeMeter
-from api.handlers import error_response, gateway_error
+from api.gateway.usage import OK, InvokeMeter
+from api.handlers import error_response
 from api.state import ApiState
 from schemas.endpoints import Endpoint
 from schemas.errors import ErrorBody, ErrorCode, FieldError
@@ -133,29 +132,6 @@ class FieldRefused(Exception):
         return error_response(path, 422, body)
 
 
-class RelayedStream(StreamingResponse):
-    """A relayed stream whose cleanup runs however the response ends, including when
-    its body never starts (the client left before the headers went out): a generator's
-    `finally` runs only once the generator has started."""
-
-    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
-                 headers: dict[str, str]) -> None:  # fmt: skip
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self._cleanups: list[Callable[[], Awaitable[None] | None]] = [cleanup]
-
-    def on_finish(self, release: Callable[[], None]) -> None:
-        self._cleanups.append(release)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for cleanup in self._cleanups:
-                done = cleanup()
-                if done is not None:
-                    await done
-
-
 class _ClientLeft(Exception):
     """The client closed its connection before its answer was handed to it."""
 
@@ -184,7 +160,7 @@ class Call:
         # the response is handed back.
         self.gone: asyncio.Future[None] | None = None
 
-    def _outcome(self, outcome: str, tokens: tuple[int, int] = (0, 0)) -> None:
+    def outcome(self, outcome: str, tokens: tuple[int, int] = (0, 0)) -> None:
         """The request's end, counted once (a later one is a no-op); the node's tokens
         held to what the request allows."""
         if tokens != (0, 0):
@@ -205,13 +181,13 @@ class Call:
             async with self.state.sessions() as session, session.begin():
                 found = await deployment_routes.routes(session, name, endpoint)
                 if not found and not await deployment_routes.anyone_serves(session, name, endpoint):
-                    self._outcome(ErrorCode.MODEL_NOT_FOUND.value)
+                    self.outcome(ErrorCode.MODEL_NOT_FOUND.value)
                     raise NotFound(
                         f"nothing serves {name!r} at {endpoint}",
                         code=ErrorCode.MODEL_NOT_FOUND,
                     )
         if self.spec.needs_tools and found and not any(route.tools for route in found):
-            self._outcome(ErrorCode.TOOLS_UNSUPPORTED.value)
+            self.outcome(ErrorCode.TOOLS_UNSUPPORTED.value)
             raise FieldRefused(
                 ErrorCode.TOOLS_UNSUPPORTED,
                 "tools",
@@ -225,7 +201,7 @@ class Call:
             needs_tools=self.spec.needs_tools,
         )
         if not choices:
-            self._outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
+            self.outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
             raise ServiceUnavailable(
                 f"no deployment of {name!r} is ready now",
                 code=ErrorCode.NO_READY_DEPLOYMENT,
@@ -233,7 +209,7 @@ class Call:
             )
         return choices[: self.settings.gateway_attempts]
 
-    def _cool_down(self, choice: Choice, reason: str) -> None:
+    def cool_down(self, choice: Choice, reason: str) -> None:
         """Off the hot path: the row is written by a task of its own."""
         seconds = self.settings.gateway_cooldown_s
         if seconds <= 0:
@@ -272,7 +248,7 @@ class Call:
             handed_over = isinstance(response, RelayedStream)
             return response
         finally:
-            # A relayed stream ends its count when it closes (_Ending.close).
+            # A relayed stream ends its count when it closes (StreamEnding.close).
             if not handed_over:
                 self.measured.ended(model)
 
@@ -292,13 +268,13 @@ class Call:
             raise
         self.relay.forget(pending)
         if busy == len(choices):
-            self._outcome(ErrorCode.DEPLOYMENT_BUSY.value)
+            self.outcome(ErrorCode.DEPLOYMENT_BUSY.value)
             raise TooManyRequests(
                 f"every deployment of {self.spec.model!r} is busy",
                 code=ErrorCode.DEPLOYMENT_BUSY,
                 headers={"Retry-After": "1"},
             )
-        self._outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
+        self.outcome(ErrorCode.NO_READY_DEPLOYMENT.value)
         raise ServiceUnavailable(
             f"no deployment of {self.spec.model!r} could take the request",
             code=ErrorCode.NO_READY_DEPLOYMENT,
@@ -326,15 +302,15 @@ class Call:
         try:
             if not await self.relay.deliver(route.node_id, invoke):
                 metrics.invoke_attempts.labels("unreachable").inc()
-                self._cool_down(choice, "unreachable: no runtime channel took the invoke")
+                self.cool_down(choice, "unreachable: no runtime channel took the invoke")
                 return "unreachable"
             overhead_s = time.perf_counter() - self.arrived
             metrics.gateway_overhead.observe(overhead_s)
-            first = await self._frame(pending, self._first_byte_s)
+            first = await self.frame(pending, self._first_byte_s)
             if not isinstance(first, Opened):
                 metrics.invoke_attempts.labels("timeout").inc()
                 await self.relay.cancel(route.node_id, self.invoke_id)
-                self._cool_down(choice, "first_token_timeout")
+                self.cool_down(choice, "first_token_timeout")
                 return "timeout"
             if first.status != 200:
                 refused, raw = await self._refusal(pending)
@@ -346,7 +322,7 @@ class Call:
                     # Busy passes; a stale endpoint list is no reason to keep the
                     # deployment's other endpoints from it.
                     if refused not in ("deployment_busy", "endpoint_not_served"):
-                        self._cool_down(choice, refused)
+                        self.cool_down(choice, refused)
                     return "busy" if refused == "deployment_busy" else "refused"
                 self._passthrough(first, pending, raw)
             headers = self._receipts(choice, overhead_s)
@@ -370,10 +346,10 @@ class Call:
 
     def _left(self, pending: Pending) -> Response:
         self.relay.forget(pending)
-        self._outcome("client_left")
+        self.outcome("client_left")
         return Response(status_code=499)
 
-    async def _frame(self, pending: Pending, timeout_s: float) -> object | None:
+    async def frame(self, pending: Pending, timeout_s: float) -> object | None:
         """The attempt's next frame, None past `timeout_s`; _ClientLeft once the client
         has left, if that is watched (until the response is handed back)."""
         gone = self.gone
@@ -402,7 +378,7 @@ class Call:
         parts: list[bytes] = []
         size = 0
         while True:
-            frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
+            frame = await self.frame(pending, self.settings.gateway_token_gap_timeout_s)
             if not isinstance(frame, bytes):
                 break
             size += len(frame)
@@ -440,7 +416,7 @@ class Call:
         (agent/runtime/completion_list.py), metered as any (held to the request)."""
         self.relay.forget(pending)
         # By class: the node chooses the status, and the outcome is a metric label.
-        self._outcome(f"upstream_{opened.status // 100}xx", plain_usage(raw))
+        self.outcome(f"upstream_{opened.status // 100}xx", plain_usage(raw))
         if opened.status >= 500:
             raise BadGateway(
                 f"the model server failed on the request (HTTP {opened.status})",
@@ -461,7 +437,7 @@ class Call:
             # Any deployment would answer as much: refused, not retried.
             await self.relay.cancel(choice.route.node_id, self.invoke_id)
             self.relay.forget(pending)
-            self._outcome(ErrorCode.UPSTREAM_TOO_LARGE.value)
+            self.outcome(ErrorCode.UPSTREAM_TOO_LARGE.value)
             raise BadGateway(
                 f"the answer is larger than {MAX_PLAIN_ANSWER_BYTES} bytes",
                 code=ErrorCode.UPSTREAM_TOO_LARGE,
@@ -469,11 +445,11 @@ class Call:
         if ended is None or not ended.ok:
             await self.relay.cancel(choice.route.node_id, self.invoke_id)
             reason = ended.reason if ended else "token_gap_timeout"
-            self._cool_down(choice, reason)
+            self.cool_down(choice, reason)
             self.state.metrics.invoke_attempts.labels("timeout" if ended is None else "lost").inc()
             return "lost"
         self.relay.forget(pending)
-        self._outcome(OK, plain_usage(body))
+        self.outcome(OK, plain_usage(body))
         return Response(body, status_code=200, media_type=opened.content_type, headers=headers)
 
     async def _collect(self, pending: Pending) -> tuple[bytes | None, Ended | None]:
@@ -482,7 +458,7 @@ class Call:
         parts: list[bytes] = []
         size = 0
         while True:
-            frame = await self._frame(pending, self._first_byte_s)
+            frame = await self.frame(pending, self._first_byte_s)
             if isinstance(frame, bytes):
                 size += len(frame)
                 if size > MAX_PLAIN_ANSWER_BYTES:
@@ -499,88 +475,24 @@ class Call:
         """The first chunk is waited for here (within the time-to-first-token bound),
         so a deployment that fails before it is retried elsewhere; after it, the
         stream is the client's, and a failure ends it with an error event."""
-        first = await self._frame(pending, self.settings.gateway_first_token_timeout_s)
+        first = await self.frame(pending, self.settings.gateway_first_token_timeout_s)
         if not isinstance(first, bytes):
             await self.relay.cancel(choice.route.node_id, self.invoke_id)
             reason = first.reason if isinstance(first, Ended) else "first_token_timeout"
-            self._cool_down(choice, reason or "ended_before_first_token")
+            self.cool_down(choice, reason or "ended_before_first_token")
             self.state.metrics.invoke_attempts.labels("timeout").inc()
             return "lost"
         ttft_s = self.meter.ttft_s = time.perf_counter() - self.arrived
         if self.model is not None:
             self.measured.first_token(self.model, ttft_s)
-        ending = _Ending(self, pending, choice, StreamTally(strip_usage=self.spec.strip_usage))
+        tally = StreamTally(strip_usage=self.spec.strip_usage)
+        ending = StreamEnding(self, pending, choice, tally)
+        gap_s = self.settings.gateway_token_gap_timeout_s
         return RelayedStream(
-            self._relay_stream(pending, choice, first, ending),
+            relay_stream(self, pending, choice, first, ending, gap_s),
             ending.close,
             headers={**headers, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
-
-    async def _relay_stream(
-        self, pending: Pending, choice: Choice, first: bytes, ending: _Ending
-    ) -> AsyncIterator[bytes]:
-        tally = ending.tally
-        out = tally.feed(first)
-        if out:
-            yield out
-        while True:
-            frame = await self._frame(pending, self.settings.gateway_token_gap_timeout_s)
-            if isinstance(frame, bytes):
-                out = tally.feed(frame)
-                if out:
-                    yield out
-                continue
-            if isinstance(frame, Ended) and frame.ok:
-                out = tally.end()
-                ending.finished = True
-                self._outcome(OK, tally.tokens)
-                if out:
-                    yield out
-                return
-            # A partial line is dropped: sent, it would run into the error event's line.
-            tally.end()
-            code = ErrorCode.TOKEN_GAP_TIMEOUT if frame is None else ErrorCode.NODE_LOST
-            self._cool_down(choice, code.value)
-            self._outcome(code.value, tally.tokens)
-            yield _stream_error(code, "the deployment stopped answering mid-stream")
-            return
-
-
-class _Ending:
-    """What a relayed stream leaves behind, undone once however the stream ends."""
-
-    def __init__(self, call: Call, pending: Pending, choice: Choice, tally: StreamTally) -> None:
-        self.call = call
-        self.pending = pending
-        self.route = choice.route
-        self.tally = tally
-        self.finished = False
-        self._closed = False
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        relay = self.call.relay
-        # Unless the stream ended first (ok, or its error event): the client left it,
-        # or read it whole and closed before the node's end frame came (ok all the same).
-        whole = self.tally.done
-        self.call._outcome(OK if whole else CLIENT_LEFT, self.tally.tokens)
-        try:
-            if not self.finished and not whole:
-                # The client left (or never read): stop the node's work at once.
-                await relay.cancel(self.route.node_id, self.call.invoke_id)
-        finally:
-            relay.forget(self.pending)
-            relay.in_flight[self.route.deployment_id] -= 1
-            if self.call.model is not None:
-                self.call.measured.ended(self.call.model)
-
-
-def _stream_error(code: ErrorCode, message: str) -> bytes:
-    """A stream's terminal error event: the envelope of every /v1 refusal."""
-    body = ErrorBody(code=code, message=message, correlation_id=current_correlation_id() or "")
-    return f"data: {gateway_error(502, body).model_dump_json()}\n\n".encode()
 
 
 async def _disconnected(request: Request) -> None:

@@ -14,9 +14,10 @@ from fastapi import Depends, Request
 from fastapi.responses import Response
 
 from api.errors import ApiError, BudgetExhausted, Forbidden, TooManyRequests
-from api.gateway.call import Call, CallSpec, FieldRefused, RelayedStream
+from api.gateway.call import Call, CallSpec, FieldRefused
 from api.gateway.limits import LimitExceeded
 from api.gateway.scope import ClientScope
+from api.gateway.stream import RelayedStream
 from api.gateway.usage import CLIENT_LEFT, InvokeMeter
 from api.state import ApiState
 from schemas.endpoints import Endpoint
