@@ -11,7 +11,9 @@ every NOTIFY held back, are tests/test_service_clients.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -169,6 +171,102 @@ async def test_the_table_ages_out_and_a_burst_reads_it_once() -> None:
         assert asyncio.get_running_loop().time() < deadline, "the table never aged out"
         await cache.routes("smol")
         await asyncio.sleep(0.01)
+
+
+class Readers(Table):
+    """Also who read it: the keep_fresh task, or a call."""
+
+    def __init__(self, *routes: Route) -> None:
+        super().__init__(*routes)
+        self.by_calls = 0
+
+    async def read(self) -> list[Route]:
+        task = asyncio.current_task()
+        if task is None or task.get_name() != "keep-fresh":
+            self.by_calls += 1
+        return await super().read()
+
+
+@contextlib.asynccontextmanager
+async def _kept_fresh(cache: GatewayCache) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(cache.keep_fresh(stop), name="keep-fresh")
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_table_in_use_is_read_again_before_a_call_would_wait_for_it() -> None:
+    old, new = _route(), _route()
+    table = Readers(old)
+    # Half the age is 0.5 s: only a stall of the event loop that long makes a call read.
+    cache = _listening(table, max_age_s=1.0)
+    async with _kept_fresh(cache):
+        assert await cache.routes("smol") == [old]
+        table.routes = [new]
+
+        async def changed() -> bool:
+            return await cache.routes("smol") == [new]
+
+        await _until(changed, "the new table read ahead")
+        # Read again while in use, and the calls found it fresh every time.
+        assert table.reads >= 2
+        assert table.by_calls == 1
+
+
+async def test_a_dropped_table_in_use_is_read_again_before_a_call_needs_it() -> None:
+    old, new = _route(), _route()
+    table = Readers(old)
+    cache = _listening(table)
+    assert await cache.routes("smol") == [old]
+    table.routes = [new]
+    cache._on_payload(f"d:{old.deployment_id}")
+    await cache.refresh()
+    assert table.reads == 2
+    assert await cache.routes("smol") == [new]
+    assert table.reads == 2  # the call found it fresh
+
+
+async def test_a_table_nobody_called_since_the_last_look_is_not_read() -> None:
+    table = Readers(_route())
+    cache = _listening(table, max_age_s=1e-9)  # always past half its age
+    await cache.refresh()
+    assert table.reads == 0  # never asked for
+    await cache.routes("smol")
+    await cache.refresh()
+    assert table.reads == 2  # asked for since: read ahead
+    await cache.refresh()
+    assert table.reads == 2  # not since
+
+
+async def test_a_read_ahead_overtaken_by_a_notification_is_not_kept() -> None:
+    old, new = _route(), _route()
+    cache: GatewayCache
+
+    class Overtaken(Readers):
+        async def read(self) -> list[Route]:
+            routes = await super().read()
+            if self.reads == 2:
+                cache._on_payload(f"d:{old.deployment_id}")  # committed during the read
+            return routes
+
+    table = Overtaken(old)
+    cache = _listening(table, max_age_s=1e-9)
+    assert await cache.routes("smol") == [old]
+    table.routes = [new]
+    await cache.refresh()
+    assert table.reads == 2
+    assert await cache.routes("smol") == [new]
+    assert table.reads == 3  # the read ahead was not kept: the call read
 
 
 async def test_a_cooldown_is_counted_on_this_process_clock() -> None:
