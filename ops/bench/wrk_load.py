@@ -48,6 +48,9 @@ class WrkSummary:
     p99_s: float
     requests: int
     errors: int
+    # wrk's mean latency: with a closed loop of N connections, N / mean is the rate
+    # without the end of the round's cut (the requests in flight then are not counted).
+    mean_s: float = float("nan")
 
     def line(self) -> str:
         return (
@@ -120,4 +123,5 @@ def run(
         errors += sum(int(g) for g in socket_errors.groups())
     p50 = _seconds(re.search(r"\n\s+50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _seconds(re.search(r"\n\s+99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    return WrkSummary(name, rate, p50, p99, total, errors)
+    mean = _seconds(re.search(r"Latency\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    return WrkSummary(name, rate, p50, p99, total, errors, mean)
