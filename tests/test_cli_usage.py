@@ -90,6 +90,10 @@ def test_usage_table_json_csv_and_filters(
     rows = table[header + 1 : header + 1 + len(report.rows)]
     assert all("ago" in row for row in rows), rows
     assert any(line.startswith("total ") and "19 requests" in line for line in table)
+    # Times to first token in ms, as `admin overview` and the dashboard show them.
+    totals = next(line for line in table if line.startswith("total "))
+    assert re.search(r"TTFT p50 \d+ ms p99 \d+ ms", totals), totals
+    assert all(re.search(r" \d+ ms\b", row) for row in rows), rows  # p99 gives way at 80
     assert "errors by code: budget_exhausted=1,rate_limited=2" in table
     wide = ok(admin("usage", "-o", "wide"))
     assert "rate_limited=2" in wide and str(planner) in wide and PLANNER in wide

@@ -61,8 +61,9 @@ def _by_code(errors: dict[str, int]) -> str:
     return ",".join(f"{code}={count}" for code, count in sorted(errors.items())) or "-"
 
 
-def _seconds(value: float | None) -> str | None:
-    return None if value is None else f"{value:.2f}s"
+def _ms(value: float | None) -> str | None:
+    """A time to first token as `admin overview` and the dashboard show it."""
+    return None if value is None else f"{value * 1000:.0f} ms"
 
 
 USAGE_COLUMNS: list[Column[UsageRow]] = [
@@ -73,8 +74,8 @@ USAGE_COLUMNS: list[Column[UsageRow]] = [
     Column("ERRORS", _errors, full=lambda r: _by_code(r.errors) if r.errors else 0),
     Column("TOKENS IN", lambda r: r.prompt_tokens),
     Column("TOKENS OUT", lambda r: r.completion_tokens),
-    Column("TTFT P50", lambda r: _seconds(r.ttft_p50_s)),
-    Column("TTFT P99", lambda r: _seconds(r.ttft_p99_s)),
+    Column("TTFT P50", lambda r: _ms(r.ttft_p50_s)),
+    Column("TTFT P99", lambda r: _ms(r.ttft_p99_s)),
     Column("CLIENT ID", lambda r: r.client_id, wide=True),
 ]
 
@@ -174,8 +175,8 @@ def usage(
     errors = sum(totals.errors.values())
     out.line(
         f"total {totals.requests} requests, {errors} errors, {totals.prompt_tokens} tokens in, "
-        f"{totals.completion_tokens} out, TTFT p50 {_seconds(totals.ttft_p50_s) or '-'} "
-        f"p99 {_seconds(totals.ttft_p99_s) or '-'}"
+        f"{totals.completion_tokens} out, TTFT p50 {_ms(totals.ttft_p50_s) or '-'} "
+        f"p99 {_ms(totals.ttft_p99_s) or '-'}"
     )
     if errors:
         out.line(f"errors by code: {_by_code(totals.errors)}")
