@@ -141,19 +141,31 @@ async def test_the_table_is_read_once_until_a_deployment_changes() -> None:
     assert table.reads == 2
 
 
+class Overtaken(Table):
+    """A table whose `at`-th read is overtaken by a notification of `notified`,
+    committed while it ran."""
+
+    def __init__(self, at: int, notified: Route, *routes: Route) -> None:
+        super().__init__(*routes)
+        self.at, self.notified = at, notified
+        self.cache: GatewayCache | None = None
+
+    async def read(self) -> list[Route]:
+        routes = await super().read()
+        if self.reads == self.at and self.cache is not None:
+            self.cache._on_payload(f"d:{self.notified.deployment_id}")
+        return routes
+
+
+def _overtaken(at: int, route: Route, max_age_s: float = 60.0) -> tuple[Overtaken, GatewayCache]:
+    table = Overtaken(at, route, route)
+    table.cache = _listening(table, max_age_s)
+    return table, table.cache
+
+
 async def test_a_table_read_overtaken_by_a_notification_is_answered_but_not_kept() -> None:
     smol = _route()
-    cache: GatewayCache
-
-    class Overtaken(Table):
-        async def read(self) -> list[Route]:
-            routes = await super().read()
-            if self.reads == 1:
-                cache._on_payload(f"d:{smol.deployment_id}")  # committed during the read
-            return routes
-
-    table = Overtaken(smol)
-    cache = _listening(table)
+    table, cache = _overtaken(1, smol)
     assert await cache.routes("smol") == [smol]
     assert await cache.routes("smol") == [smol]
     assert table.reads == 2  # the first read was not kept
@@ -250,17 +262,7 @@ async def test_a_table_nobody_called_since_the_last_look_is_not_read() -> None:
 
 async def test_a_read_ahead_overtaken_by_a_notification_is_not_kept() -> None:
     old, new = _route(), _route()
-    cache: GatewayCache
-
-    class Overtaken(Readers):
-        async def read(self) -> list[Route]:
-            routes = await super().read()
-            if self.reads == 2:
-                cache._on_payload(f"d:{old.deployment_id}")  # committed during the read
-            return routes
-
-    table = Overtaken(old)
-    cache = _listening(table, max_age_s=1e-9)
+    table, cache = _overtaken(2, old, max_age_s=1e-9)
     assert await cache.routes("smol") == [old]
     table.routes = [new]
     await cache.refresh()
