@@ -195,8 +195,10 @@ def test_a_slow_source_costs_the_header_timeout_not_the_file(
 ) -> None:
     """A source that trickles the file (every chunk inside the socket's timeout) is given
     model_header_timeout_s for a read, as the setting says, then the estimate is the
-    file's size: before, a create waited for the whole prefix (here about 25 s)."""
-    padded = FILES["model.gguf"] + b"\0" * (200 * 1024)
+    file's size: before, a create waited for the whole prefix (here about 100 s). The
+    bound leaves a loaded box room (one CI run took 13 s where 4 s is usual; the cause
+    was not found) and stays far from the prefix's time."""
+    padded = FILES["model.gguf"] + b"\0" * (800 * 1024)
     hub.state.add(REPO, "main", COMMIT, {"model.gguf": padded})
     hub.state.throttle["model.gguf"] = 8 * 1024  # a 16 KiB chunk each 2 s
     api = api_factory(artifact_source_url=hub.url, model_header_timeout_s=3.0)
@@ -206,7 +208,7 @@ def test_a_slow_source_costs_the_header_timeout_not_the_file(
         service = ok(create(client, api, service_body(profile["id"])), 201)
         took = time.monotonic() - started
     assert service["template"]["estimate"]["source"] == "file_size"
-    assert took < 3.0 * 2 + 3, took
+    assert took < 30.0, took
 
 
 def _tokenizer_of_empty_strings(count: int) -> bytes:
