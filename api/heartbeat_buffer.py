@@ -28,7 +28,7 @@ from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.periodic import running
+from api.periodic import Outage, repeat, running
 from store import heartbeat
 
 logger = logging.getLogger("modelforge.api.heartbeats")
@@ -89,19 +89,8 @@ class HeartbeatBuffer:
         return written.written
 
     async def run(self, stop: asyncio.Event) -> None:
-        failing = False
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.flush_interval_s)
-            try:
-                await self.flush()
-                if failing:
-                    logger.info("heartbeat flushes succeed again")
-                failing = False
-            except (SQLAlchemyError, OSError) as exc:
-                if not failing:
-                    logger.warning("heartbeat flush failed (%s); retrying", type(exc).__name__)
-                failing = True
+        outage = Outage(logger, "heartbeat flush", "succeeds again")
+        await repeat(self.flush, stop, self.flush_interval_s, outage, after_stop=True)
 
 
 @contextlib.asynccontextmanager

@@ -46,7 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.cache_guard import ChangeGuard, kept_by_listen
 from api.gateway.scope import ClientScope
-from api.periodic import running
+from api.periodic import Outage, repeat, running
 from schemas.endpoints import Endpoint
 from store import secrets
 from store.deployments import routing as deployment_routes
@@ -86,7 +86,6 @@ class GatewayCache:
         self._table_lock = asyncio.Lock()
         # Whether a call asked for routes since keep_fresh last looked.
         self._used = False
-        self._refresh_failing = False
 
     @property
     def generation(self) -> int:
@@ -160,30 +159,24 @@ class GatewayCache:
         return self.listening and now - self._table_at < limit
 
     async def keep_fresh(self, stop: asyncio.Event) -> None:
-        """Until `stop`: `refresh` every half age."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.routes_max_age_s / 2)
-                return
-            await self.refresh()
+        """Until `stop`: `refresh` every half age. A read that fails is the calls' to
+        make meanwhile, as without this task."""
+        outage = Outage(logger, "the routing table", "is read ahead again")
+        half = self.routes_max_age_s / 2
+        await repeat(self.refresh, stop, half, outage, after_stop=False, what="not read ahead")
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> bool:
         """If calls asked for routes since the last look: read the table again when it is
-        half its age or was dropped, so that a call finds it fresh."""
+        half its age or was dropped, so that a call finds it fresh. Whether it read."""
         if not (self._used and self.listening):
-            return
+            return False
         self._used = False
-        try:
-            async with self._table_lock:
-                half = self.routes_max_age_s / 2
-                if self._table is None or not self._fresh(time.monotonic(), half):
-                    await self._read_table()
-        except Exception:  # the calls read it themselves meanwhile
-            if not self._refresh_failing:
-                logger.warning("the routing table could not be read ahead", exc_info=True)
-            self._refresh_failing = True
-        else:
-            self._refresh_failing = False
+        async with self._table_lock:
+            half = self.routes_max_age_s / 2
+            if self._table is not None and self._fresh(time.monotonic(), half):
+                return False
+            await self._read_table()
+            return True
 
     # ------------------------------------------------------------------ notifications
 

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.periodic import running
+from api.periodic import Outage, repeat, running
 from store.services import measurements as store
 from store.services.measurements import Window
 
@@ -135,21 +135,8 @@ class GatewayMeasurements:
         return len(windows)
 
     async def run(self, stop: asyncio.Event) -> None:
-        failing = False
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
-            try:
-                await self.flush()
-                if failing:
-                    logger.info("gateway measurements are written again")
-                failing = False
-            except (SQLAlchemyError, OSError) as exc:
-                if not failing:
-                    logger.warning(
-                        "gateway measurements not written (%s); retrying", type(exc).__name__
-                    )
-                failing = True
+        outage = Outage(logger, "gateway measurements", "are written again")
+        await repeat(self.flush, stop, self.interval_s, outage, after_stop=True, what="not written")
 
     async def forget(self) -> None:
         async with self._sessions() as session, session.begin():

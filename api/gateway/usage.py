@@ -48,7 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.gateway.scope import ClientScope
 from api.metrics import ApiMetrics
-from api.periodic import running
+from api.periodic import Outage, repeat, running
 from schemas.usage import OUTCOME_OK, TTFT_BUCKETS_S, empty_buckets, ttft_bucket
 from store.rollup import usage as store
 from store.rollup.usage import UsageDelta
@@ -126,7 +126,7 @@ class GatewayUsage:
         self._flushing: dict[uuid.UUID, int] = {}
         # The database's tokens today per budgeted client, as last read.
         self._stored: dict[uuid.UUID, int] = {}
-        self._failing = False
+        self._outage = Outage(logger, "gateway usage", "is written again")
         # The counters' labelled children, looked up once each: `labels()` costs more
         # than the rest of a record (ops/bench/usage.py). As bounded as the series.
         self._requests: dict[tuple[str, str, str], Counter] = {}
@@ -213,7 +213,7 @@ class GatewayUsage:
         except (SQLAlchemyError, OSError) as exc:
             # Budgets are accounting, not access: without the database this process
             # counts what it sees, and reads again after its next flush.
-            self._warn("budget not read, this process's counts only", exc)
+            self._outage.failed(exc, "budget not read, this process's counts only")
             stored = 0
         if day == self._day:
             self._stored[client] = stored
@@ -275,29 +275,10 @@ class GatewayUsage:
         return len(deltas)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Flush every interval until `stop`, then once more (the last window)."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
-            # As it was before this flush took its window: a stop that comes during the
-            # flush leaves what was counted meanwhile to one more.
-            stopping = stop.is_set()
-            try:
-                # An empty window proves nothing about the database: no "again" yet.
-                if await self.flush():
-                    if self._failing:
-                        logger.info("gateway usage is written again")
-                    self._failing = False
-            except (SQLAlchemyError, OSError) as exc:
-                self._warn("not written, a window's counts are lost", exc)
-            if stopping:
-                return
-
-    def _warn(self, what: str, exc: BaseException) -> None:
-        """Once per outage: the exception's kind only (its text may hold a URL)."""
-        if not self._failing:
-            logger.warning("gateway usage %s (%s); retrying", what, type(exc).__name__)
-        self._failing = True
+        """Flush every interval until `stop`, then once more (the last window). An empty
+        window proves nothing about the database: no "again" for it."""
+        what = "not written, a window's counts are lost"
+        await repeat(self.flush, stop, self.interval_s, self._outage, after_stop=True, what=what)
 
 
 @contextlib.asynccontextmanager
