@@ -2,6 +2,7 @@
 
     python ops/bench/gateway.py [--workload chat|tools|json_schema|embeddings]
                                 [--requests 40 --concurrency 1,4,16 --duration 5]
+                                [--open-loads 0.5,0.8]
                                 [--threads N --token-gap-s S --no-pin]
 
 By default both llama-servers run on the last core alone and everything else on the
@@ -21,8 +22,10 @@ with the same model and flags (`--parallel 4 -c 2048 -t 2`) on a free port.
 
 Streaming chat completions (max_tokens 16, temperature 0, one fixed prompt) with httpx
 async clients, N requests per round at each concurrency, alternating direct and gateway
-rounds (2 each). Per concurrency: TTFT p50/p99 both ways and the added ms, streamed
-tokens/s (content chunks over the round's wall time; tokens per request printed too)
+rounds (2 each); with --open-loads, open-loop rounds after them (Poisson arrivals at
+that fraction of the direct side's best closed-loop rate, the same times both ways:
+ops/bench/gateway_rounds.py says why). Per row: TTFT p50/p99 both ways and the added
+ms, streamed tokens/s (content chunks over the round's wall time; tokens per request printed too)
 gateway / direct, invokes/s both ways, and the API process's CPU seconds per invoke
 (psutil, gateway rounds; its background CPU during direct rounds printed beside it).
 Goals: added TTFT p50 < 10 ms, p99 < 30 ms, tokens/s ratio >= 0.95.
@@ -51,7 +54,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -68,11 +70,11 @@ import gateway_workloads  # noqa: E402
 import pinning  # noqa: E402
 import runtime as runtime_bench  # noqa: E402  (_built)
 import wrk_load  # noqa: E402
+from gateway_rounds import Side, Target, arrivals, pct, run_open, run_round  # noqa: E402
 from gateway_workloads import Workload  # noqa: E402
 
 from schemas.protocol import (  # noqa: E402
     DEPLOYMENTS,
-    ROUTE_OVERHEAD_HEADER,
     RUNTIME_PROFILES,
     SERVICE_CLIENTS,
 )
@@ -240,111 +242,6 @@ def setup(
     return api, str(client["secret"]), api_pid, direct_url
 
 
-@dataclass
-class Result:
-    ttft: float | None
-    total: float
-    tokens: int
-    error: str | None = None
-    # The gateway's own receipt: arrival to delivery on the runtime channel, in ms.
-    overhead_ms: float | None = None
-    # What the first token was: "content" or "tool_calls".
-    first: str | None = None
-
-
-async def one(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]
-) -> Result:
-    started = time.perf_counter()
-    ttft: float | None = None
-    tokens = 0
-    first: str | None = None
-    async with client.stream("POST", url, json=body, headers=headers) as response:
-        receipt = response.headers.get(ROUTE_OVERHEAD_HEADER)
-        overhead_ms = float(receipt) if receipt else None
-        if response.status_code != 200:
-            await response.aread()
-            return Result(None, time.perf_counter() - started, 0, str(response.status_code))
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                error = f"stream error: {json.dumps(chunk['error'])[:200]}"
-                return Result(ttft, time.perf_counter() - started, tokens, error)
-            choices = chunk.get("choices") or [{}]
-            delta = choices[0].get("delta") or {}
-            # A tool call's deltas are tokens as content's are (design note §8).
-            kind = next((k for k in ("content", "tool_calls") if delta.get(k)), None)
-            if kind is not None:
-                tokens += 1
-                if ttft is None:
-                    ttft, first = time.perf_counter() - started, kind
-    total = time.perf_counter() - started
-    return Result(ttft, total, tokens, overhead_ms=overhead_ms, first=first)
-
-
-async def run_round(
-    client: httpx.AsyncClient,
-    target: tuple[str, dict[str, str], dict[str, Any]],
-    n: int,
-    concurrency: int,
-) -> tuple[list[Result], float]:
-    gate = asyncio.Semaphore(concurrency)
-    url, headers, body = target
-
-    async def bounded() -> Result:
-        async with gate:
-            try:
-                return await one(client, url, headers, body)
-            except httpx.HTTPError as error:
-                return Result(None, 0.0, 0, type(error).__name__)
-
-    started = time.perf_counter()
-    results = await asyncio.gather(*(bounded() for _ in range(n)))
-    return list(results), time.perf_counter() - started
-
-
-def pct(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-@dataclass
-class Side:
-    results: list[Result] = field(default_factory=list)
-    wall: float = 0.0
-    cpu: float = 0.0
-    # Each round's TTFT p50: two rounds of the same side apart say how loud the box is.
-    round_p50s: list[float] = field(default_factory=list)
-
-    def ttfts_ms(self) -> list[float]:
-        return [r.ttft * 1000 for r in self.results if r.ttft is not None and not r.error]
-
-    def overheads_ms(self) -> list[float]:
-        return [r.overhead_ms for r in self.results if r.overhead_ms is not None]
-
-    def errors(self) -> int:
-        return sum(1 for r in self.results if r.error)
-
-    def tokens_per_s(self) -> float:
-        return sum(r.tokens for r in self.results) / self.wall
-
-    def tokens_per_request(self) -> float:
-        served = [r.tokens for r in self.results if not r.error]
-        return statistics.mean(served) if served else 0.0
-
-    def invokes_per_s(self) -> float:
-        return (len(self.results) - self.errors()) / self.wall
-
-    def firsts(self, kind: str) -> int:
-        return sum(1 for r in self.results if r.first == kind)
-
-
 def cpu_s(proc: psutil.Process) -> float:
     """CPU seconds of the API process and any children it has."""
     total = 0.0
@@ -363,10 +260,13 @@ async def measure(
     api_pid: int,
     requests: int,
     levels: list[int],
-) -> list[tuple[int, Side, Side]]:
+    loads: list[float],
+) -> list[tuple[str, Side, Side]]:
+    """The closed-loop levels, then the open-loop loads (fractions of the most invokes a
+    second the direct side served in a closed round of this run)."""
     api_proc = psutil.Process(api_pid)
     bearer = {"Authorization": f"Bearer {secret}"}
-    targets = {
+    targets: dict[str, Target] = {
         "direct": (f"{direct}{workload.direct_path}", {}, workload.direct_body),
         "gateway": (f"{gateway}{workload.gateway_path}", bearer, workload.gateway_body),
     }
@@ -379,22 +279,36 @@ async def measure(
                 raise SystemExit(f"{name} warm-up failed: {[r.error for r in warm]}")
             if workload.name == "tools" and any(r.first != "tool_calls" for r in warm):
                 raise SystemExit(f"{name}: an answer did not open with a tool call")
-        for concurrency in levels:
+
+        async def rounds(label: str, concurrency: int = 0, rate: float = 0.0) -> None:
             sides = {"direct": Side(), "gateway": Side()}
             for index in range(4):  # direct, gateway, gateway, direct
                 name = ("direct", "gateway")[index in (1, 2)]
                 before = cpu_s(api_proc)
-                results, wall = await run_round(client, targets[name], requests, concurrency)
+                if rate:  # rounds 0 and 1 (direct, gateway) share a schedule, as 2 and 3 do
+                    offsets = arrivals(rate, requests, seed=index // 2)
+                    results, wall = await run_open(client, targets[name], offsets)
+                else:
+                    results, wall = await run_round(client, targets[name], requests, concurrency)
                 side = sides[name]
                 side.results += results
                 side.round_p50s.append(pct(Side(results).ttfts_ms(), 50))
                 side.wall += wall
                 side.cpu += cpu_s(api_proc) - before
-            rows.append((concurrency, sides["direct"], sides["gateway"]))
+            rows.append((label, sides["direct"], sides["gateway"]))
+
+        for concurrency in levels:
+            await rounds(str(concurrency), concurrency=concurrency)
+        capacity = max((d.invokes_per_s() for _, d, _ in rows), default=0.0)
+        for load in loads:
+            rate = load * capacity
+            print(f"open loop {load:g}x: Poisson arrivals at {rate:.2f}/s ({load:g} of the direct "
+                  f"side's {capacity:.2f} invokes/s), the same times both sides")  # fmt: skip
+            await rounds(f"{load:g}x", rate=rate)
     return rows
 
 
-def report(workload: Workload, rows: list[tuple[int, Side, Side]]) -> None:
+def report(workload: Workload, rows: list[tuple[str, Side, Side]]) -> None:
     print(f"workload {workload.name}; baseline: a second plain llama-server started by this "
           "bench, same model and the worker's flags (above)")  # fmt: skip
     # Issue 34's workloads are judged on the added TTFT only (their tokens/s is the grammar's).
@@ -404,23 +318,23 @@ def report(workload: Workload, rows: list[tuple[int, Side, Side]]) -> None:
     head = (f"{'conc':>4} {'TTFT p50 d/g ms':>17} {'+p50':>7} {'TTFT p99 d/g ms':>17} "
             f"{'+p99':>7} {'tok/s g/d':>9} {'inv/s d/g':>11} {'API cpu ms/inv':>14} "
             f"{'bg cpu %':>8} {'tok/req d/g':>11} {'err d/g':>7} "
-            f"{'deliver p50/p99':>15}")  # fmt: skip
+            f"{'deliver p50/p99':>15} {'in flight d/g':>13}")  # fmt: skip
     print(head)
-    for concurrency, d, g in rows:
+    for label, d, g in rows:
         dt, gt = d.ttfts_ms(), g.ttfts_ms()
         add50, add99 = pct(gt, 50) - pct(dt, 50), pct(gt, 99) - pct(dt, 99)
         ratio = g.tokens_per_s() / d.tokens_per_s()
         ok = add50 < GOAL_P50_MS and add99 < GOAL_P99_MS and (ratio >= GOAL_RATIO or not chat)
         served = max(1, len(g.results) - g.errors())
         print(
-            f"{concurrency:>4} {pct(dt, 50):>8.1f}/{pct(gt, 50):<8.1f} {add50:>+7.1f} "
+            f"{label:>4} {pct(dt, 50):>8.1f}/{pct(gt, 50):<8.1f} {add50:>+7.1f} "
             f"{pct(dt, 99):>8.1f}/{pct(gt, 99):<8.1f} {add99:>+7.1f} {ratio:>9.3f} "
             f"{d.invokes_per_s():>5.2f}/{g.invokes_per_s():<5.2f} "
             f"{g.cpu / served * 1000:>14.2f} {100 * d.cpu / d.wall:>8.1f} "
             f"{d.tokens_per_request():>5.1f}/{g.tokens_per_request():<5.1f} "
             f"{d.errors():>3}/{g.errors():<3} "
             f"{pct(g.overheads_ms(), 50):>7.1f}/{pct(g.overheads_ms(), 99):<7.1f} "
-            f"{'ok' if ok else 'MISS'}"
+            f"{d.in_flight():>6.2f}/{g.in_flight():<6.2f} {'ok' if ok else 'MISS'}"
         )
         noise = max(d.round_p50s) - min(d.round_p50s)
         if noise > GOAL_P50_MS:
@@ -471,7 +385,12 @@ def load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=40, help="per round")
-    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--concurrency", default="1,4,16", help="closed-loop levels")
+    parser.add_argument(
+        "--open-loads", default="",
+        help="open-loop rows after the closed ones, e.g. 0.5,0.8: Poisson arrivals at that "
+        "fraction of the direct side's best closed-loop invokes/s (ops/bench/gateway_rounds.py)",
+    )  # fmt: skip
     parser.add_argument("--workload", choices=gateway_workloads.NAMES, default="chat")
     parser.add_argument(
         "--duration", type=float, default=5.0, help="embeddings: seconds per wrk round"
@@ -496,6 +415,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
+    loads = [float(load) for load in args.open_loads.split(",") if load]
     cores = pinning.split() if args.pin else None
     threads = args.threads or (len(cores.model) if cores else 2)
     workload = gateway_workloads.workload(args.workload, CHAT_BODY, threads)
@@ -517,7 +437,9 @@ def main() -> None:
         print(f"load average at start: {load()}")
         if workload.streamed:
             rows = asyncio.run(
-                measure(workload, api.base_url, secret, direct, api_pid, args.requests, levels)
+                measure(
+                    workload, api.base_url, secret, direct, api_pid, args.requests, levels, loads
+                )
             )
             report(workload, rows)
             if workload.name == "json_schema":
