@@ -70,7 +70,17 @@ import gateway_workloads  # noqa: E402
 import pinning  # noqa: E402
 import runtime as runtime_bench  # noqa: E402  (_built)
 import wrk_load  # noqa: E402
-from gateway_rounds import Side, Target, arrivals, pct, run_open, run_round  # noqa: E402
+from gateway_rounds import (  # noqa: E402
+    LATE_S,
+    LONG_GC_S,
+    Side,
+    Target,
+    arrivals,
+    pct,
+    run_open,
+    run_round,
+    stalls,
+)
 from gateway_workloads import Workload  # noqa: E402
 
 from schemas.protocol import (  # noqa: E402
@@ -284,7 +294,7 @@ async def measure(
             sides = {"direct": Side(), "gateway": Side()}
             for index in range(4):  # direct, gateway, gateway, direct
                 name = ("direct", "gateway")[index in (1, 2)]
-                before = cpu_s(api_proc)
+                before, stalled = cpu_s(api_proc), await stalls(client, gateway)
                 if rate:  # rounds 0 and 1 (direct, gateway) share a schedule, as 2 and 3 do
                     offsets = arrivals(rate, requests, seed=index // 2)
                     results, wall = await run_open(client, targets[name], offsets)
@@ -295,6 +305,9 @@ async def measure(
                 side.round_p50s.append(pct(Side(results).ttfts_ms(), 50))
                 side.wall += wall
                 side.cpu += cpu_s(api_proc) - before
+                late, gcs = await stalls(client, gateway)
+                side.late_wakes += late - stalled[0]
+                side.long_gcs += gcs - stalled[1]
             rows.append((label, sides["direct"], sides["gateway"]))
 
         for concurrency in levels:
@@ -340,6 +353,9 @@ def report(workload: Workload, rows: list[tuple[str, Side, Side]]) -> None:
         if noise > GOAL_P50_MS:
             print(f"     the two direct rounds' TTFT p50 differ by {noise:.1f} ms: more than the "
                   "goal, so the added ms are within the box's noise")  # fmt: skip
+        if g.late_wakes or g.long_gcs:
+            print(f"     the API's event loop in the gateway rounds: woke > {LATE_S} s late "
+                  f"{g.late_wakes:g}x, collections > {LONG_GC_S} s {g.long_gcs:g}x")  # fmt: skip
         if workload.name == "tools":
             print(f"     first token a tool call: direct {d.firsts('tool_calls')}/{len(d.results)}"
                   f", gateway {g.firsts('tool_calls')}/{len(g.results)}")  # fmt: skip

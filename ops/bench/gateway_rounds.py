@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.protocol import ROUTE_OVERHEAD_HEADER
 
@@ -90,6 +91,10 @@ class Side:
     cpu: float = 0.0
     # Each round's TTFT p50: two rounds of the same side apart say how loud the box is.
     round_p50s: list[float] = field(default_factory=list)
+    # The API's event loop woken late by more than LATE_S, and its collections longer
+    # than LONG_GC_S, during this side's rounds: what a tail of the gateway's came from.
+    late_wakes: float = 0.0
+    long_gcs: float = 0.0
 
     def ttfts_ms(self) -> list[float]:
         return [r.ttft * 1000 for r in self.results if r.ttft is not None and not r.error]
@@ -116,6 +121,30 @@ class Side:
     def in_flight(self) -> float:
         """The mean number of requests in flight over the rounds' wall time."""
         return sum(r.total for r in self.results) / self.wall
+
+
+LATE_S, LONG_GC_S = "0.05", "0.025"  # bucket bounds of api/loop_health.py
+
+
+async def stalls(client: httpx.AsyncClient, api: str) -> tuple[float, float]:
+    """(wakes later than LATE_S, collections longer than LONG_GC_S) so far, from the API
+    process's own histograms (api/loop_health.py) on its /metrics."""
+    response = await client.get(f"{api}/metrics")
+    response.raise_for_status()
+    late = gcs = 0.0
+    for family in text_string_to_metric_families(response.text):
+        if family.name not in ("modelforge_event_loop_lag_seconds", "modelforge_gc_pause_seconds"):
+            continue
+        bound = LATE_S if family.name.startswith("modelforge_event") else LONG_GC_S
+        over = sum(s.value for s in family.samples if s.name.endswith("_count")) - sum(
+            s.value for s in family.samples
+            if s.name.endswith("_bucket") and s.labels.get("le") == bound
+        )  # fmt: skip
+        if family.name.startswith("modelforge_event"):
+            late = over
+        else:
+            gcs = over
+    return late, gcs
 
 
 async def _timed(client: httpx.AsyncClient, target: Target) -> Result:
