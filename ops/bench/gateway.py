@@ -17,8 +17,11 @@ Hub-layout server with the cached SmolLM2 GGUF (tests/hub_server.py), an agent t
 acquires it through an artifact job and a runtime worker beside it
 (tests/runtime/probing.py), a profile (ctx_size 2048, threads 2, parallel 4), a
 deployment `smol` (max_concurrent 64, so llama-server queues on both paths) and a
-service client. The direct baseline is a second plain llama-server this script starts
-with the same model and flags (`--parallel 4 -c 2048 -t 2`) on a free port.
+service client. The direct baseline is the deployment's own llama-server, called on its
+loopback port with the key its worker gave it (the same process both ways: the same
+prompt cache, the same partial tool-call parser); `--baseline second` starts a second
+plain one with the same model and flags (`--parallel 4 -c 2048 -t 2`) instead, as the
+figures before 2026-12-06 were measured.
 
 Streaming chat completions (max_tokens 16, temperature 0, one fixed prompt) with httpx
 async clients, N requests per round at each concurrency, alternating direct and gateway
@@ -73,6 +76,7 @@ import wrk_load  # noqa: E402
 from gateway_rounds import (  # noqa: E402
     LATE_S,
     LONG_GC_S,
+    Direct,
     Side,
     Target,
     arrivals,
@@ -198,9 +202,15 @@ class Stack:
 
 
 def setup(
-    stack: Stack, binary: Path, model: Path, api_env: dict[str, str], workload: Workload
-) -> tuple[StackApi, str, int, str]:
-    """The stack up to a ready deployment: (api, client secret, API pid, direct url)."""
+    stack: Stack,
+    binary: Path,
+    model: Path,
+    api_env: dict[str, str],
+    workload: Workload,
+    baseline: str,
+) -> tuple[StackApi, str, int, Direct]:
+    """The stack up to a ready deployment: (api, client secret, API pid, the direct
+    side: the deployment's own llama-server, or a second one started here)."""
     port = free_port()
     env = dict(api_env)
     stack.up = UpProcess(stack.workdir / "data", port, env)
@@ -232,6 +242,8 @@ def setup(
     wait_until(ready, 180, "the deployment to be ready")
     client = api.post(SERVICE_CLIENTS, {"name": "bench", "models": [MODEL]})
     api_pid = child_pid(stack.up, "modelforge api")
+    if baseline == "deployment":
+        return api, str(client["secret"]), api_pid, deployment_server(stack.runtimes[0])
 
     direct_port = free_port()
     argv = workload.direct_argv(binary, model_file, direct_port)
@@ -249,7 +261,17 @@ def setup(
         return False
 
     wait_until(healthy, 60, "the direct llama-server")
-    return api, str(client["secret"]), api_pid, direct_url
+    return api, str(client["secret"]), api_pid, Direct(direct_url)
+
+
+def deployment_server(runtime: RuntimeProcess) -> Direct:
+    """The deployment's own llama-server, from its worker's pidfile and key file (this
+    bench runs as the worker's user)."""
+    record = json.loads((runtime.run_dir / "llama-server-cpu.json").read_text())
+    key = (runtime.run_dir / "llama-server-cpu.key").read_text().strip()
+    direct = Direct(f"http://127.0.0.1:{record['port']}", key)
+    print(f"direct: the deployment's own llama-server, {direct.url}, the worker's key")
+    return direct
 
 
 def cpu_s(proc: psutil.Process) -> float:
@@ -266,7 +288,7 @@ async def measure(
     workload: Workload,
     gateway: str,
     secret: str,
-    direct: str,
+    direct: Direct,
     api_pid: int,
     requests: int,
     levels: list[int],
@@ -277,7 +299,7 @@ async def measure(
     api_proc = psutil.Process(api_pid)
     bearer = {"Authorization": f"Bearer {secret}"}
     targets: dict[str, Target] = {
-        "direct": (f"{direct}{workload.direct_path}", {}, workload.direct_body),
+        "direct": direct.target(workload.direct_path, workload.direct_body),
         "gateway": (f"{gateway}{workload.gateway_path}", bearer, workload.gateway_body),
     }
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
@@ -321,9 +343,15 @@ async def measure(
     return rows
 
 
-def report(workload: Workload, rows: list[tuple[str, Side, Side]]) -> None:
-    print(f"workload {workload.name}; baseline: a second plain llama-server started by this "
-          "bench, same model and the worker's flags (above)")  # fmt: skip
+BASELINES = {
+    "deployment": "the deployment's own llama-server, called directly with the worker's key",
+    "second": "a second plain llama-server started by this bench, same model and the "
+    "worker's flags (above)",
+}
+
+
+def report(workload: Workload, rows: list[tuple[str, Side, Side]], baseline: str) -> None:
+    print(f"workload {workload.name}; baseline: {BASELINES[baseline]}")
     # Issue 34's workloads are judged on the added TTFT only (their tokens/s is the grammar's).
     chat = workload.name == "chat"
     ratio_goal = f"; tokens/s ratio >= {GOAL_RATIO}" if chat else ""
@@ -361,13 +389,13 @@ def report(workload: Workload, rows: list[tuple[str, Side, Side]]) -> None:
                   f", gateway {g.firsts('tool_calls')}/{len(g.results)}")  # fmt: skip
 
 
-async def grammar_cost(widest: Workload, gateway: str, secret: str, direct: str) -> None:
+async def grammar_cost(widest: Workload, gateway: str, secret: str, direct: Direct) -> None:
     """TTFT of the widest schema the bounds allow, a few requests one at a time each way
     (its grammar is built per request on both sides: llama-server's cost, not ours)."""
     size = len(json.dumps(widest.gateway_body["response_format"]["json_schema"]["schema"]))
     bearer = {"Authorization": f"Bearer {secret}"}
     targets = {
-        "direct": (f"{direct}{widest.direct_path}", {}, widest.direct_body),
+        "direct": direct.target(widest.direct_path, widest.direct_body),
         "gateway": (f"{gateway}{widest.gateway_path}", bearer, widest.gateway_body),
     }
     medians = {}
@@ -385,11 +413,10 @@ async def grammar_cost(widest: Workload, gateway: str, secret: str, direct: str)
 def pin_model_servers(stack: Stack, cores: frozenset[int]) -> None:
     """The deployment's llama-server (its pid from the runtime worker's pidfile) and the
     direct one onto the model's cores."""
-    assert stack.direct is not None
     served = [pid for rt in stack.runtimes if (pid := rt.server_pid()) is not None]
-    pids = [stack.direct.pid, *served]
-    if len(pids) < 2:
-        raise SystemExit(f"expected the deployment's and the direct llama-server, found {pids}")
+    if not served:
+        raise SystemExit("the deployment's llama-server has no pidfile")
+    pids = [*served, *([stack.direct.pid] if stack.direct is not None else [])]
     for pid in pids:
         pinning.pin_process(pid, cores)
 
@@ -425,6 +452,11 @@ def main() -> None:
         "--pin", action=argparse.BooleanOptionalAction, default=True,
         help="llama-server on the last core alone, all else on the others (ops/bench/pinning.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline", choices=("deployment", "second"), default="deployment",
+        help="the direct side: the deployment's own llama-server (default: the same process, "
+        "so the same prompt cache and parser both ways) or a second one with its flags",
+    )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     parser.add_argument(
         "--api-processes", type=int, default=1, help="`modelforge api --processes` (default 1)"
@@ -446,7 +478,7 @@ def main() -> None:
         api_env = {"MODELFORGE_API_PROCESSES": str(args.api_processes)}
         if args.token_gap_s is not None:
             api_env["MODELFORGE_GATEWAY_TOKEN_GAP_TIMEOUT_S"] = f"{args.token_gap_s:g}"
-        api, secret, api_pid, direct = setup(stack, binary, model, api_env, workload)
+        api, secret, api_pid, direct = setup(stack, binary, model, api_env, workload, args.baseline)
         if cores is not None:
             pin_model_servers(stack, cores.model)
             print(cores.describe())
@@ -457,7 +489,7 @@ def main() -> None:
                     workload, api.base_url, secret, direct, api_pid, args.requests, levels, loads
                 )
             )
-            report(workload, rows)
+            report(workload, rows, args.baseline)
             if workload.name == "json_schema":
                 widest = gateway_workloads.widest_schema(threads)
                 asyncio.run(grammar_cost(widest, api.base_url, secret, direct))
@@ -467,7 +499,7 @@ def main() -> None:
                 workload, (api.base_url, secret, direct), lambda: cpu_s(api_proc),
                 levels, args.duration, workdir,
             )  # fmt: skip
-            gateway_embeddings.report(figures)
+            gateway_embeddings.report(figures, BASELINES[args.baseline])
         print(f"load average at the end: {load()}")
     except BaseException:
         keep = True  # the logs (up's output, agent.log, rt/runtime.log) for the failure

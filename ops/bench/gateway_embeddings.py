@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import httpx
 import wrk_load
+from gateway_rounds import Direct
 from gateway_workloads import Workload
 
 GOAL_RATIO: Final = 0.9
@@ -104,7 +105,7 @@ def check(workload: Workload, targets: dict[str, tuple[str, dict[str, str], Any]
 
 def measure(
     workload: Workload,
-    urls: tuple[str, str, str],
+    urls: tuple[str, str, Direct],
     api_cpu: Callable[[], float],
     levels: list[int],
     duration_s: float,
@@ -113,7 +114,7 @@ def measure(
     """(width, per concurrency: direct, gateway); `urls`: gateway, its secret, direct."""
     gateway, secret, direct = urls
     targets = {
-        "direct": (f"{direct}{workload.direct_path}", {}, workload.direct_body),
+        "direct": direct.target(workload.direct_path, workload.direct_body),
         "gateway": (
             f"{gateway}{workload.gateway_path}",
             {"Authorization": f"Bearer {secret}"},
@@ -121,10 +122,11 @@ def measure(
         ),
     }
     width = check(workload, targets)
-    base = {"direct": direct, "gateway": gateway}
+    base = {"direct": direct.url, "gateway": gateway}
     paths = {"direct": workload.direct_path, "gateway": workload.gateway_path}
-    # wrk's script puts each line's credential in a bearer header; llama-server reads none.
-    bodies = {"direct": [("direct", workload.direct_body)],
+    # wrk's script puts each line's credential in a bearer header: the worker's key for
+    # the deployment's own llama-server, none that a second one reads.
+    bodies = {"direct": [(direct.key or "direct", workload.direct_body)],
               "gateway": [(secret, workload.gateway_body)]}  # fmt: skip
     rows = []
     for connections in levels:
@@ -142,10 +144,10 @@ def measure(
     return width, rows
 
 
-def report(figures: tuple[int, list[tuple[int, Side, Side]]]) -> None:
+def report(figures: tuple[int, list[tuple[int, Side, Side]]], baseline: str) -> None:
     width, rows = figures
-    print("workload embeddings: 8 inputs, base64, plain; baseline: a second llama-server "
-          f"with the worker's flags (above); {width} floats each, both sides alike")  # fmt: skip
+    print(f"workload embeddings: 8 inputs, base64, plain; baseline: {baseline}; "
+          f"{width} floats each, both sides alike")  # fmt: skip
     print("load generator: wrk, 1 thread, Lua script (ops/bench/wrk_load.py); "
           f"goal: requests/s gateway / direct >= {GOAL_RATIO}, judged on the closed "
           "loop's rate (connections / mean latency; wrk's count beside it)")  # fmt: skip

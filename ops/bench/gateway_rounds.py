@@ -31,6 +31,22 @@ from schemas.protocol import ROUTE_OVERHEAD_HEADER
 Target = tuple[str, dict[str, str], dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class Direct:
+    """llama-server called directly: its URL, and the runtime worker's key when it is the
+    deployment's own server (the worker starts it with `--api-key-file`)."""
+
+    url: str
+    key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def target(self, path: str, body: dict[str, Any]) -> Target:
+        return (f"{self.url}{path}", self.headers, body)
+
+
 @dataclass
 class Result:
     ttft: float | None
