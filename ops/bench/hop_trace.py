@@ -21,8 +21,9 @@ its correlation id (the bench sends one) to its invoke id (the API's `deliver` l
 llama-server's own time (its batching, its queue) taken out. That is the gateway's
 added time to first token measured per request, where the bench's table compares two
 distributions whose tails are llama-server's own (at 4 clients in a closed loop the
-direct side's TTFT p99 moved 445-554 ms between runs). Tools only: the worker and the
-API mark the first chunk that holds `tool_calls`.
+direct side's TTFT p99 moved 445-554 ms between runs). The worker and the API mark the
+first chunk that holds `tool_calls` or content text, as the bench's client does, so
+any streamed workload (chat, tools, json_schema) reads the same way.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def read(path: Path) -> tuple[list[Request], list[tuple[float, float]]]:
         c, w = events[cid], events[iid]
         if "c_first" not in c or int(cid[1:]) < WARM_UP:
             continue
-        # No tool_frame line: the first frame already held the call.
+        # No tool_frame line: the first frame already held the first token.
         at_api = w.get("tool_frame", w.get("first_frame", 0.0))
         marks = (c["c_send"], w["arrived"], w["deliver"], w["w_got"], w["w_post"],
                  w["w_tool"], at_api, c["c_first"])  # fmt: skip
