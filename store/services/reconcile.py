@@ -43,7 +43,7 @@ from schemas.services import (
 from store import nodes
 from store.deployments.tables import Deployment
 from store.models import Job, Node
-from store.services import measurements, placement
+from store.services import following, measurements, placement
 from store.services import replicas as steps
 from store.services.replicas import ServicePolicy
 from store.services.snapshot import FleetCache
@@ -169,7 +169,7 @@ async def _follow(step: Step) -> None:
     # In node-id order: a follow may lock its replica's node (store/locks.py), and two
     # steps locking nodes in one order cannot wait on each other in a cycle.
     for replica in sorted(step.live, key=lambda r: (r.node_id, r.created_at, r.id)):
-        action = await steps.follow(
+        action = await following.follow(
             step.session, service, replica, step.now, step.policy, actor=step.actor
         )
         if action is None and replica.phase == ReplicaPhase.ACQUIRING.value:

@@ -17,7 +17,6 @@ them. A new replica's node is only tried (try_lock_node): see store/locks.py for
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,23 +27,20 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.artifacts import ArtifactFile, ArtifactManifest, JobTarget, Sha256Digest
-from schemas.deployments import DeploymentCreate, DeploymentState
+from schemas.deployments import DeploymentCreate
 from schemas.errors import ErrorCode
 from schemas.events import EventType
-from schemas.jobs import JobState
 from schemas.runtime import ArtifactRef
 from schemas.services import (
     LIVE_PHASES,
     PlacementReceipt,
     ReplicaFailure,
     ReplicaPhase,
-    RolloutState,
     ServiceEvent,
     ServiceTemplate,
 )
 from store import artifacts, changes, leases, nodes, runtime
 from store.deployments import rules as deployments
-from store.deployments.tables import Deployment
 from store.errors import StoreError
 from store.locks import node_try_xact_lock
 from store.models import Job, Node
@@ -439,7 +435,7 @@ async def drain(
     still acquiring has nothing to drain: its job is cancelled and it ends now."""
     replica.ended_reason = reason[:64]
     if replica.deployment_id is None:
-        await _cancel_acquisition(session, replica, now, actor=actor)
+        await cancel_acquisition(session, replica, now, actor=actor)
         end(session, service, replica, now, reason=reason, actor=actor)
         return
     try:
@@ -452,7 +448,7 @@ async def drain(
     move(session, service, replica, ReplicaPhase.DRAINING, now, reason=reason, actor=actor)
 
 
-async def _cancel_acquisition(
+async def cancel_acquisition(
     session: AsyncSession, replica: ServiceReplica, now: datetime, *, actor: str
 ) -> None:
     if replica.artifact_job_id is None:
@@ -471,175 +467,3 @@ async def _cancel_acquisition(
 # The ended_reason of a replica whose node is gone (decommissioned, disabled, or
 # offline past the drain deadline and the heal grace while it drained): not a failure.
 NODE_LOST: Final = "node_lost"
-
-
-async def node_lost(session: AsyncSession, node_id: uuid.UUID) -> bool:
-    """Whether the node can no longer run anything: decommissioned or disabled."""
-    node = await session.get(Node, node_id)
-    return node is None or node.decommissioned_at is not None or not node.enabled
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What a replica's job and deployment say now."""
-
-    job: Job | None
-    deployment: Deployment | None
-
-
-async def seen(session: AsyncSession, replica: ServiceReplica) -> Seen:
-    job = await session.get(Job, replica.artifact_job_id) if replica.artifact_job_id else None
-    deployment = (
-        await session.get(Deployment, replica.deployment_id) if replica.deployment_id else None
-    )
-    return Seen(job, deployment)
-
-
-_NOT_CLAIMED: Final = ReplicaFailure(
-    code="not_claimed", detail="the node took no job for the replica within the claim timeout"
-)
-
-
-def _unclaimed(job: Job | None, now: datetime, policy: ServicePolicy) -> bool:
-    """A job queued and never claimed (its first attempt not started) past the timeout."""
-    return (
-        job is not None
-        and job.state == leases.QUEUED
-        and job.attempt == 0
-        and now - job.created_at > timedelta(seconds=policy.claim_timeout_s)
-    )
-
-
-def _deployment_failure(deployment: Deployment, fallback: str) -> ReplicaFailure:
-    return ReplicaFailure(
-        code=(deployment.failure_code or fallback)[:64], detail=deployment.failure_detail or ""
-    )
-
-
-async def follow(
-    session: AsyncSession,
-    service: Service,
-    replica: ServiceReplica,
-    now: datetime,
-    policy: ServicePolicy,
-    *,
-    actor: str,
-) -> str | None:
-    """Move the replica one step after its job and deployment; what it did, or None."""
-    phase = ReplicaPhase(replica.phase)
-    state = await seen(session, replica)
-    if phase == ReplicaPhase.ACQUIRING:
-        job = state.job
-        if job is None or job.state in (leases.QUEUED, leases.LEASED):
-            if _unclaimed(job, now, policy):
-                await _cancel_acquisition(session, replica, now, actor=actor)
-                fail(session, service, replica, now, policy, _NOT_CLAIMED, actor=actor)
-                return "acquisition not claimed"
-            return None
-        if job.state != JobState.SUCCEEDED.value:
-            if await node_lost(session, replica.node_id):
-                # Cancelled (or failed) because its node was decommissioned or disabled:
-                # not the template's fault, so no backoff and no failed new replica
-                # (which would stop a rollout); a replacement is placed elsewhere.
-                end(session, service, replica, now, reason=NODE_LOST, actor=actor)
-                return "ended (node lost)"
-            failure = ReplicaFailure(
-                code=job.failure_code or job.state, detail=job.failure_detail or ""
-            )
-            fail(session, service, replica, now, policy, failure, actor=actor)
-            return "acquisition failed"
-        template = template_of(service, replica.generation)
-        if template is None or (
-            replica.generation != service.generation
-            and service.rollout_state != RolloutState.STOPPED.value
-        ):
-            # A newer template came while it acquired: what it would load is outdated.
-            await _cancel_acquisition(session, replica, now, actor=actor)
-            end(session, service, replica, now, reason="outdated", actor=actor)
-            return "ended"
-        refused = await load(session, service, replica, template, actor=actor)
-        if refused is not None:
-            if await node_lost(session, replica.node_id):
-                # Disabled or decommissioned since the file arrived: not the template's.
-                end(session, service, replica, now, reason=NODE_LOST, actor=actor)
-                return "ended (node lost)"
-            fail(session, service, replica, now, policy, refused, actor=actor)
-            return "load refused"
-        move(session, service, replica, ReplicaPhase.LOADING, now, reason="acquired", actor=actor)
-        return "loading"
-    deployment = state.deployment
-    if deployment is None:
-        return None
-    dstate = DeploymentState(deployment.state)
-    if phase == ReplicaPhase.DRAINING:
-        if dstate in (DeploymentState.UNLOADED, DeploymentState.FAILED):
-            end(
-                session,
-                service,
-                replica,
-                now,
-                reason=replica.ended_reason or "drained",
-                actor=actor,
-            )
-            return "ended"
-        return None
-    if dstate == DeploymentState.FAILED:
-        fail(
-            session,
-            service,
-            replica,
-            now,
-            policy,
-            _deployment_failure(deployment, "failed"),
-            actor=actor,
-        )
-        return "load failed"
-    if dstate in (DeploymentState.UNLOADED, DeploymentState.DRAINING):
-        # An operator drained or unloaded the deployment itself.
-        if dstate == DeploymentState.UNLOADED:
-            end(session, service, replica, now, reason="unloaded", actor=actor)
-            return "ended"
-        replica.ended_reason = "drained"
-        move(session, service, replica, ReplicaPhase.DRAINING, now, reason="operator", actor=actor)
-        return "draining"
-    if dstate == DeploymentState.READY and phase != ReplicaPhase.READY:
-        replica.failure_code = replica.failure_detail = None
-        forgive(service, replica.node_id)
-        move(
-            session,
-            service,
-            replica,
-            ReplicaPhase.READY,
-            now,
-            reason="deployment_ready",
-            actor=actor,
-        )
-        return "ready"
-    if dstate == DeploymentState.UNAVAILABLE and phase != ReplicaPhase.UNAVAILABLE:
-        failure = _deployment_failure(deployment, "unavailable")
-        replica.failure_code, replica.failure_detail = failure.code, failure.detail or None
-        move(
-            session,
-            service,
-            replica,
-            ReplicaPhase.UNAVAILABLE,
-            now,
-            reason=failure.code,
-            actor=actor,
-        )
-        return "unavailable"
-    if dstate == DeploymentState.PENDING and phase == ReplicaPhase.LOADING:
-        if _unclaimed(await deployments.current_job(session, deployment), now, policy):
-            # Its node is online but nothing there takes the load (its runtime worker
-            # is gone while its agent beats): unload it whenever it can, go elsewhere.
-            with contextlib.suppress(StoreError):
-                async with session.begin_nested():
-                    await deployments.drain(session, deployment.id, 0.0, actor=actor)
-            fail(session, service, replica, now, policy, _NOT_CLAIMED, actor=actor)
-            return "load not claimed"
-        return None
-    if dstate in (DeploymentState.PENDING, DeploymentState.LOADING) and phase == ReplicaPhase.READY:
-        # Reloading (its runtime worker lost it): not serving until it is ready again.
-        move(session, service, replica, ReplicaPhase.LOADING, now, reason="reloading", actor=actor)
-        return "loading"
-    return None
