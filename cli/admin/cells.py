@@ -1,8 +1,8 @@
 """One value as the text of a cell, the one way every command shows it: an id short in a
 table (8 characters, as `docker ps` and `kubectl` show them) and whole in `-o wide`; an
 instant as its age in a table ("4s ago") and as ISO 8601 in `-o wide` and in a `get`; a
-size in binary units; a label in Title Case; the endpoints served abbreviated in a table
-(`chat,compl,embed`) and whole elsewhere."""
+size in binary units; a time to first token in ms; a label in Title Case; the endpoints
+served abbreviated in a table (`chat,compl,embed`) and whole elsewhere."""
 
 from __future__ import annotations
 
@@ -158,6 +158,11 @@ def size(count: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return str(count)
+
+
+def millis(seconds: float) -> str:
+    """A short duration (a time to first token) in whole milliseconds: "412 ms"."""
+    return f"{seconds * 1000:.0f} ms"
 
 
 def label(name: str) -> str:

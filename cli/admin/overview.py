@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import typer
 
 from cli.admin.answers import answer
-from cli.admin.cells import iso, size
+from cli.admin.cells import iso, millis, size
 from cli.admin.context import FormatOption, JsonOption, output
 from schemas.overview import OVERVIEW, GatewayFigures, GpuFigures, OverviewNow
 
@@ -74,4 +74,4 @@ def tokens(gateway: GatewayFigures) -> str:
 def ttft(gateway: GatewayFigures) -> str:
     if gateway.ttft_p50_s is None or gateway.ttft_p99_s is None:
         return "-"
-    return f"p50 {gateway.ttft_p50_s * 1000:.0f} ms, p99 {gateway.ttft_p99_s * 1000:.0f} ms"
+    return f"p50 {millis(gateway.ttft_p50_s)}, p99 {millis(gateway.ttft_p99_s)}"

@@ -17,6 +17,7 @@ from typing import Annotated, Final, TextIO
 import typer
 
 from cli.admin.answers import answer
+from cli.admin.cells import millis
 from cli.admin.client import AdminClient, AdminFailure
 from cli.admin.context import JsonOption, output
 from cli.admin.output import Column, Format, iso
@@ -62,8 +63,7 @@ def _by_code(errors: dict[str, int]) -> str:
 
 
 def _ms(value: float | None) -> str | None:
-    """A time to first token as `admin overview` and the dashboard show it."""
-    return None if value is None else f"{value * 1000:.0f} ms"
+    return None if value is None else millis(value)
 
 
 USAGE_COLUMNS: list[Column[UsageRow]] = [
