@@ -29,10 +29,11 @@ any streamed workload (chat, tools, json_schema) reads the same way.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
+from gateway_rounds import pct  # a sibling: this runs as ops/bench/hop_trace.py
 
 HOPS = ("inb", "route", "chan", "prep", "llama", "up", "out")
 # The bench's warm-up: 4 requests each way (d0-d3, then g4-g7) before the rounds.
@@ -77,12 +78,6 @@ def read(path: Path) -> tuple[list[Request], list[tuple[float, float]]]:
         if cid.startswith("d") and "c_first" in e and int(cid[1:]) >= WARM_UP
     ]
     return sorted(gateway, key=lambda r: r.sent), sorted(direct)
-
-
-def pct(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def main() -> None:
