@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -104,12 +103,7 @@ class Stack:
             if self.direct.poll() is None:
                 self.direct.kill()
         for rt in self.runtimes:
-            with contextlib.suppress(Exception):
-                rt.stop(timeout_s=30)
-            rt.kill()
-            for pidfile in rt.run_dir.glob("llama-server-*.json"):
-                with contextlib.suppress(Exception):
-                    os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+            rt.clean_up(timeout_s=30)
         for agent in self.agents:
             with contextlib.suppress(Exception):
                 agent.stop()

@@ -119,6 +119,17 @@ class RuntimeProcess:
             self.proc.kill()
             self.proc.wait(timeout=15)
 
+    def clean_up(self, timeout_s: float = 30) -> None:
+        """At a test's or a bench's end, whatever state it is in: stop it, kill it if it
+        stays, and SIGKILL the llama-server groups its pidfiles still name (a worker
+        that was killed leaves them behind)."""
+        with contextlib.suppress(Exception):
+            self.stop(timeout_s=timeout_s)
+        self.kill()
+        for pidfile in self.run_dir.glob("llama-server-*.json"):
+            with contextlib.suppress(Exception):
+                os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+
 
 def chat(model: str, content: str = "Say hello.", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
@@ -146,9 +157,4 @@ def runtimes(tmp_path: Path) -> Iterator[Callable[..., RuntimeProcess]]:
 
     yield start
     for process in started:
-        with contextlib.suppress(Exception):
-            process.stop(timeout_s=20)
-        process.kill()
-        for pidfile in process.run_dir.glob("llama-server-*.json"):
-            with contextlib.suppress(Exception):
-                os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+        process.clean_up(timeout_s=20)
